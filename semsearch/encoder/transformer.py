@@ -1,0 +1,148 @@
+"""The BERT-family encoder of SEEDS.md in plain torch: (ids, mask) -> (B, T, D) token states.
+
+Written by hand rather than taken from `transformers` because the model is small and fixed
+(post-norm BERT), and owning it lets us control precision, attention kernel and import cost.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from semsearch.errors import ModelError
+
+BERT_MODEL_TYPES = {"bert"}
+
+
+@dataclass(frozen=True)
+class BertConfig:
+    vocab_size: int
+    hidden_size: int  # D
+    num_hidden_layers: int  # L
+    num_attention_heads: int  # h
+    intermediate_size: int  # D_ff
+    max_position_embeddings: int
+    type_vocab_size: int = 2
+    layer_norm_eps: float = 1e-12
+    hidden_act: str = "gelu"
+
+    @classmethod
+    def from_file(cls, path: Path) -> "BertConfig":
+        raw = json.loads(Path(path).read_text(encoding="utf-8"))
+        if raw.get("model_type", "bert") not in BERT_MODEL_TYPES:
+            raise ModelError(f"{path}: model_type {raw.get('model_type')!r} is not BERT-family")
+        if raw.get("hidden_act", "gelu") not in ("gelu", "gelu_new", "gelu_pytorch_tanh"):
+            raise ModelError(f"{path}: activation {raw.get('hidden_act')!r} is not supported natively")
+        if raw.get("position_embedding_type", "absolute") != "absolute":
+            raise ModelError(f"{path}: only absolute position embeddings are supported natively")
+        fields = {f: raw[f] for f in cls.__dataclass_fields__ if f in raw}
+        return cls(**fields)
+
+
+class Embeddings(nn.Module):
+    def __init__(self, cfg: BertConfig):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.position_embeddings = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
+        self.token_type_embeddings = nn.Embedding(cfg.type_vocab_size, cfg.hidden_size)
+        self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        B, T = ids.shape
+        pos = torch.arange(T, device=ids.device)
+        # Single-segment input: token type 0 everywhere.
+        x = self.word_embeddings(ids) + self.position_embeddings(pos)[None] + self.token_type_embeddings.weight[0]
+        return self.LayerNorm(x)  # (B, T, D)
+
+
+class Layer(nn.Module):
+    """One post-norm encoder layer: x = LN(x + Attn(x)); x = LN(x + FFN(x))."""
+
+    def __init__(self, cfg: BertConfig):
+        super().__init__()
+        D = cfg.hidden_size
+        self.h = cfg.num_attention_heads
+        self.qkv = nn.Linear(D, 3 * D)  # W_Q, W_K, W_V fused into one matmul
+        self.attn_out = nn.Linear(D, D)
+        self.ln1 = nn.LayerNorm(D, eps=cfg.layer_norm_eps)
+        self.ff_in = nn.Linear(D, cfg.intermediate_size)
+        self.ff_out = nn.Linear(cfg.intermediate_size, D)
+        self.ln2 = nn.LayerNorm(D, eps=cfg.layer_norm_eps)
+        self.tanh_gelu = cfg.hidden_act != "gelu"
+
+    def forward(self, x: torch.Tensor, attn_bias: torch.Tensor) -> torch.Tensor:
+        B, T, D = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, self.h, D // self.h).permute(2, 0, 3, 1, 4)  # 3 × (B, h, T, d)
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_bias)  # (B, h, T, d)
+        a = a.transpose(1, 2).reshape(B, T, D)
+        x = self.ln1(x + self.attn_out(a))
+        f = F.gelu(self.ff_in(x), approximate="tanh" if self.tanh_gelu else "none")
+        return self.ln2(x + self.ff_out(f))  # (B, T, D)
+
+
+class BertEncoder(nn.Module):
+    def __init__(self, cfg: BertConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embeddings = Embeddings(cfg)
+        self.layers = nn.ModuleList(Layer(cfg) for _ in range(cfg.num_hidden_layers))
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Token states (B, T, D) for ids (B, T) and attention mask (B, T), 1 real / 0 pad."""
+        x = self.embeddings(ids)
+        # Additive bias so that no token attends to padding: (B, 1, 1, T).
+        bias = torch.zeros(mask.shape, dtype=x.dtype, device=x.device)
+        bias = bias.masked_fill(mask == 0, torch.finfo(x.dtype).min)[:, None, None, :]
+        for layer in self.layers:
+            x = layer(x, bias)
+        return x
+
+    @classmethod
+    def from_folder(cls, folder: Path) -> "BertEncoder":
+        """Load config.json + model.safetensors (HF BERT names) from a model folder."""
+        from safetensors.torch import load_file
+
+        folder = Path(folder)
+        cfg = BertConfig.from_file(folder / "config.json")
+        weights = folder / "model.safetensors"
+        if not weights.exists():
+            raise ModelError(f"{folder}: no model.safetensors (only safetensors weights are loaded natively)")
+        model = cls(cfg)
+        model.load_state_dict(_rename_hf(load_file(str(weights)), cfg))
+        return model.eval()
+
+
+def _rename_hf(sd: dict[str, torch.Tensor], cfg: BertConfig) -> dict[str, torch.Tensor]:
+    """Map Hugging Face BERT parameter names onto this module's names, fusing Q, K, V."""
+    sd = {k.removeprefix("bert."): v for k, v in sd.items()}
+    out: dict[str, torch.Tensor] = {}
+    for name in ("word_embeddings", "position_embeddings", "token_type_embeddings"):
+        out[f"embeddings.{name}.weight"] = sd[f"embeddings.{name}.weight"]
+    for p in ("weight", "bias"):
+        out[f"embeddings.LayerNorm.{p}"] = sd[f"embeddings.LayerNorm.{p}"]
+    for i in range(cfg.num_hidden_layers):
+        src = f"encoder.layer.{i}."
+        dst = f"layers.{i}."
+        for p in ("weight", "bias"):
+            out[dst + "qkv." + p] = torch.cat(
+                [sd[src + f"attention.self.{n}.{p}"] for n in ("query", "key", "value")]
+            )
+            out[dst + "attn_out." + p] = sd[src + "attention.output.dense." + p]
+            out[dst + "ln1." + p] = sd[src + "attention.output.LayerNorm." + p]
+            out[dst + "ff_in." + p] = sd[src + "intermediate.dense." + p]
+            out[dst + "ff_out." + p] = sd[src + "output.dense." + p]
+            out[dst + "ln2." + p] = sd[src + "output.LayerNorm." + p]
+    return out
+
+
+def flops_per_token(cfg: BertConfig, T: int) -> float:
+    """Approximate forward FLOPs for one token in a sequence of T tokens (matmuls only)."""
+    D, Dff, L = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers
+    dense = 2 * (4 * D * D + 2 * D * Dff)
+    attn = 2 * 2 * T * D
+    return L * (dense + attn)

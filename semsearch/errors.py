@@ -1,0 +1,35 @@
+"""Typed errors raised by the library; only the CLI turns them into messages and exit codes."""
+from __future__ import annotations
+
+
+class SemsearchError(Exception):
+    """Base class of every error semsearch raises on purpose."""
+
+
+class InputError(SemsearchError, ValueError):
+    """A bad argument: unknown option value, empty query, missing path."""
+
+
+class CorpusError(SemsearchError):
+    """A corpus file that cannot be read as asked (names the file and line)."""
+
+
+class ModelError(SemsearchError):
+    """A model folder that is missing or cannot be loaded."""
+
+
+class IndexFormatError(SemsearchError):
+    """An index folder that is missing, damaged, or written by another format version."""
+
+
+class SettingsMismatch(SemsearchError):
+    """A request whose model, pooling or head differs from the index's own."""
+
+
+class IndexLocked(SemsearchError):
+    """Another process is writing the same index."""
+
+
+class MissingDependency(SemsearchError, ImportError):
+    """An optional package is needed for this feature."""
+

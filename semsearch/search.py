@@ -1,0 +1,135 @@
+"""Retriever: the one object a RAG pipeline needs — search(query, k) -> list[Hit]."""
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from semsearch.errors import InputError, SettingsMismatch
+from semsearch.store.folder import index_path, open_index
+
+
+@dataclass
+class Hit:
+    """One search result. `score` is the cosine similarity of query and chunk, in [-1, 1]."""
+
+    rank: int
+    score: float
+    text: str
+    source: str  # the source file, relative to the working directory where it can be
+    path: str  # the source file, absolute
+    start: int  # character offsets of the chunk in its document
+    end: int
+    row: int | None = None  # 1-based row / record for tabular files
+    line: int | None = None  # 1-based line of the chunk's start for text files
+    chunk: int = 0  # chunk number within its document
+    id: int = 0  # the chunk's id in the index
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def location(self) -> str:
+        """'path:line' for text files, 'path row N' for tabular ones."""
+        if self.row is not None:
+            return f"{self.source} row {self.row}"
+        return f"{self.source}:{self.line}" if self.line else self.source
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["location"] = self.location
+        return d
+
+
+def _display(path: str) -> str:
+    try:
+        rel = os.path.relpath(path)
+        return path if rel.startswith("..") else rel
+    except ValueError:
+        return path
+
+
+class Retriever:
+    """Search an index folder. Queries are encoded with the index's own model and pooling."""
+
+    def __init__(self, folder: Path, manifest, vectors, docs, encoder):
+        self.folder = Path(folder)
+        self.manifest = manifest
+        self.vectors = vectors
+        self.docs = docs
+        self.encoder = encoder
+
+    @classmethod
+    def load(
+        cls,
+        index: str | os.PathLike | None = None,
+        model: str | None = None,
+        pooling: str | None = None,
+        device: str = "auto",
+        encoder=None,
+    ) -> "Retriever":
+        """Open an index folder (default: $SEMSEARCH_INDEX or ./indexes/default) for searching.
+
+        `model` and `pooling`, when given, must match the index's; they are checks, not overrides.
+        """
+        folder = index_path(index)
+        m, vectors, docs = open_index(folder)
+        if pooling is not None and pooling != m.pooling:
+            raise SettingsMismatch(f"{folder} was built with pooling {m.pooling!r}, not {pooling!r}; query it without --pooling, or rebuild it")
+        if encoder is None:
+            from semsearch.encoder.encoder import Encoder, resolve_model
+            from semsearch.train.head import load_head
+
+            if model is not None and resolve_model(model)[0] != m.model:
+                raise SettingsMismatch(f"{folder} was built with model {m.model!r}, not {model!r}; query it without --model, or rebuild it")
+            head = load_head(m.head["path"]) if m.head else None
+            encoder = Encoder(m.model, pooling=m.pooling, device=device, max_length=m.max_length, head=head)
+            encoder.head_info = m.head
+        if encoder.fingerprint != m.model_fingerprint:
+            raise SettingsMismatch(
+                f"the model {m.model!r} now has weights {encoder.fingerprint}, but {folder} was built with "
+                f"{m.model_fingerprint}; rebuild the index with --rebuild"
+            )
+        return cls(folder, m, vectors, docs, encoder)
+
+    def __len__(self) -> int:
+        return self.vectors.ntotal
+
+    def search(self, query: str, k: int = 10) -> list[Hit]:
+        """The k chunks most similar to query, best first."""
+        return self.search_batch([query], k)[0]
+
+    def search_batch(self, queries: Sequence[str], k: int = 10) -> list[list[Hit]]:
+        """search() for many queries at once (one encoder pass)."""
+        if isinstance(queries, str):
+            raise InputError("search_batch takes a list of queries; use search() for one")
+        for i, q in enumerate(queries):
+            if not q or not q.strip():
+                raise InputError(f"query {i + 1} is empty" if len(queries) > 1 else "the query is empty")
+        if k < 1:
+            raise InputError(f"k must be at least 1, got {k}")
+        if not queries:
+            return []
+        qv = self.encoder.encode(list(queries), progress=False)
+        return self.search_vectors(qv, k)
+
+    def search_vectors(self, qv: np.ndarray, k: int = 10) -> list[list[Hit]]:
+        """Hits for query vectors (n, d), already normalised."""
+        scores, ids = self.vectors.search(qv, k)
+        found = self.docs.get_chunks(i for i in np.unique(ids) if i >= 0)
+        out = []
+        for srow, irow in zip(scores, ids):
+            hits = []
+            for s, i in zip(srow, irow):
+                if i < 0 or int(i) not in found:  # FAISS pads with -1: never let it out
+                    continue
+                c = found[int(i)]
+                hits.append(Hit(rank=len(hits) + 1, score=float(s), text=c["text"], source=_display(c["path"]),
+                                path=c["path"], start=c["start"], end=c["end"], row=c["row"], line=c["line"],
+                                chunk=c["chunk"], id=c["id"], metadata=c["metadata"]))
+            out.append(hits)
+        return out
+
+    def close(self) -> None:
+        self.docs.close()

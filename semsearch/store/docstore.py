@@ -1,0 +1,143 @@
+"""The SQLite docstore: source files, their chunks, texts, offsets, metadata and vectors."""
+from __future__ import annotations
+
+import json
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+import numpy as np
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS files (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    path TEXT UNIQUE NOT NULL,      -- absolute path: the identity of a source
+    hash TEXT NOT NULL,             -- sha256 of the bytes
+    size INTEGER NOT NULL,
+    mtime_ns INTEGER NOT NULL,
+    documents INTEGER NOT NULL,
+    indexed_at TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS chunks (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,  -- the FAISS id; never reused
+    file_id INTEGER NOT NULL REFERENCES files(id) ON DELETE CASCADE,
+    row INTEGER,                    -- 1-based row / record for tabular files, NULL otherwise
+    ord INTEGER NOT NULL,           -- chunk number within its document
+    start INTEGER NOT NULL,         -- character offsets in the document text
+    end INTEGER NOT NULL,
+    line INTEGER,                   -- 1-based line of `start` for whole-file documents
+    text TEXT NOT NULL,
+    metadata TEXT,                  -- JSON object
+    vector BLOB NOT NULL            -- float32 (dim,), so any index type can be rebuilt
+);
+CREATE INDEX IF NOT EXISTS chunks_file ON chunks(file_id);
+"""
+
+
+@dataclass
+class ChunkRow:
+    file_id: int
+    row: int | None
+    ord: int
+    start: int
+    end: int
+    line: int | None
+    text: str
+    metadata: dict[str, Any]
+
+
+@dataclass
+class StoredFile:
+    id: int
+    path: str
+    hash: str
+    size: int
+    mtime_ns: int
+    documents: int
+
+
+class DocStore:
+    def __init__(self, path: Path, readonly: bool = False):
+        self.path = Path(path)
+        if readonly:
+            self.db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, check_same_thread=False)
+        else:
+            self.db = sqlite3.connect(self.path)
+            self.db.executescript(SCHEMA)
+        self.db.execute("PRAGMA foreign_keys = ON")
+
+    def close(self) -> None:
+        self.db.close()
+
+    def commit(self) -> None:
+        self.db.commit()
+
+    # ---- files ---------------------------------------------------------------------------
+    def files(self) -> dict[str, StoredFile]:
+        rows = self.db.execute("SELECT id, path, hash, size, mtime_ns, documents FROM files")
+        return {r[1]: StoredFile(*r) for r in rows}
+
+    def add_file(self, path: str, hash: str, size: int, mtime_ns: int, now: str) -> int:
+        cur = self.db.execute(
+            "INSERT INTO files (path, hash, size, mtime_ns, documents, indexed_at) VALUES (?, ?, ?, ?, 0, ?)",
+            (path, hash, size, mtime_ns, now),
+        )
+        return int(cur.lastrowid)
+
+    def set_documents(self, file_id: int, documents: int) -> None:
+        self.db.execute("UPDATE files SET documents = ? WHERE id = ?", (documents, file_id))
+
+    def touch_file(self, file_id: int, size: int, mtime_ns: int) -> None:
+        self.db.execute("UPDATE files SET size = ?, mtime_ns = ? WHERE id = ?", (size, mtime_ns, file_id))
+
+    def remove_file(self, file_id: int) -> np.ndarray:
+        """Delete a file and its chunks; gives back the removed chunk ids."""
+        ids = np.array([r[0] for r in self.db.execute("SELECT id FROM chunks WHERE file_id = ?", (file_id,))], np.int64)
+        self.db.execute("DELETE FROM chunks WHERE file_id = ?", (file_id,))
+        self.db.execute("DELETE FROM files WHERE id = ?", (file_id,))
+        return ids
+
+    # ---- chunks --------------------------------------------------------------------------
+    def add_chunks(self, rows: list[ChunkRow], vectors: np.ndarray) -> np.ndarray:
+        """Insert chunks with their vectors; gives back their new ids (n,)."""
+        ids = np.empty(len(rows), np.int64)
+        for i, (r, v) in enumerate(zip(rows, vectors)):
+            cur = self.db.execute(
+                "INSERT INTO chunks (file_id, row, ord, start, end, line, text, metadata, vector)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (r.file_id, r.row, r.ord, r.start, r.end, r.line, r.text,
+                 json.dumps(r.metadata, ensure_ascii=False) if r.metadata else None,
+                 np.ascontiguousarray(v, np.float32).tobytes()),
+            )
+            ids[i] = cur.lastrowid
+        return ids
+
+    def get_chunks(self, ids: Iterable[int]) -> dict[int, dict[str, Any]]:
+        """Chunk records (with their file's path) by id."""
+        ids = [int(i) for i in ids]
+        if not ids:
+            return {}
+        marks = ",".join("?" * len(ids))
+        rows = self.db.execute(
+            "SELECT c.id, f.path, c.row, c.ord, c.start, c.end, c.line, c.text, c.metadata"
+            f" FROM chunks c JOIN files f ON f.id = c.file_id WHERE c.id IN ({marks})",
+            ids,
+        )
+        out = {}
+        for cid, path, row, ord_, start, end, line, text, meta in rows:
+            out[cid] = dict(id=cid, path=path, row=row, chunk=ord_, start=start, end=end, line=line,
+                            text=text, metadata=json.loads(meta) if meta else {})
+        return out
+
+    def iter_vectors(self, batch: int = 8192) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """(ids (n,), vectors (n, d)) in batches, for rebuilding a vector index."""
+        cur = self.db.execute("SELECT id, vector FROM chunks ORDER BY id")
+        while rows := cur.fetchmany(batch):
+            ids = np.array([r[0] for r in rows], np.int64)
+            yield ids, np.stack([np.frombuffer(r[1], np.float32) for r in rows])
+
+    def counts(self) -> dict[str, int]:
+        files, docs = self.db.execute("SELECT COUNT(*), COALESCE(SUM(documents), 0) FROM files").fetchone()
+        chunks = self.db.execute("SELECT COUNT(*) FROM chunks").fetchone()[0]
+        return {"files": files, "documents": docs, "chunks": chunks}

@@ -1,0 +1,124 @@
+"""The index folder: manifest.json + vectors.<gen>.faiss + docs.<gen>.sqlite, written atomically.
+
+Each write builds a new generation of the data files beside the current one and publishes it by
+replacing manifest.json in one rename; until then readers (and an interrupted writer's next run)
+see the previous generation whole. Files of other generations are removed afterwards.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import fcntl
+import os
+import json
+import sqlite3
+from pathlib import Path
+
+from semsearch.errors import IndexFormatError, IndexLocked
+from semsearch.store.docstore import DocStore
+from semsearch.store.manifest import MANIFEST, Manifest
+from semsearch.store.vectors import VectorIndex
+
+DEFAULT_INDEX = "indexes/default"
+
+
+def now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def open_index(folder: Path) -> tuple[Manifest, VectorIndex, DocStore]:
+    """The manifest, vector index and (read-only) docstore of an index folder."""
+    folder = Path(folder)
+    m = Manifest.load(folder)
+    try:
+        vectors = VectorIndex.load(folder / m.files["vectors"], m.index.get("type", "flat"))
+        docs = DocStore(folder / m.files["docs"], readonly=True)
+    except (KeyError, RuntimeError, sqlite3.Error) as e:
+        raise IndexFormatError(f"{folder}: damaged index ({e}); rebuild it with --rebuild") from e
+    return m, vectors, docs
+
+
+class IndexWriter:
+    """A new generation of an index folder, published by commit(); abort() leaves the old one.
+
+    `base` is the manifest whose data the new generation starts from (None: start empty, as for
+    a new index or --rebuild). Files the current manifest names are never touched before commit.
+    """
+
+    def __init__(self, folder: Path, dim: int, base: Manifest | None = None, kind: str = "flat"):
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self._lock = open(self.folder / ".lock", "w")
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as e:
+            self._lock.close()
+            raise IndexLocked(f"{folder} is being written by another semsearch process") from e
+        current = _current_files(self.folder)
+        self._clean(keep=current)  # leftovers of an interrupted run
+        self.gen = max([_gen_of(p.name) for p in self.folder.iterdir()] + [0]) + 1
+        self.docs_file = f"docs.{self.gen}.sqlite"
+        self.vectors_file = f"vectors.{self.gen}.faiss"
+        if base is not None:
+            # Copy the current docstore through SQLite's backup API (consistent even while read).
+            src = sqlite3.connect(f"file:{self.folder / base.files['docs']}?mode=ro", uri=True)
+            dst = sqlite3.connect(self.folder / self.docs_file)
+            src.backup(dst)
+            src.close()
+            dst.close()
+            self.vectors = VectorIndex.load(self.folder / base.files["vectors"], base.index.get("type", "flat"))
+        else:
+            self.vectors = VectorIndex.create(dim, kind)
+        self.docs = DocStore(self.folder / self.docs_file)
+
+    def commit(self, manifest: Manifest) -> None:
+        self.docs.commit()
+        self.docs.close()
+        self.vectors.save(self.folder / self.vectors_file)
+        manifest.generation = self.gen
+        manifest.files = {"vectors": self.vectors_file, "docs": self.docs_file}
+        manifest.updated = now()
+        manifest.created = manifest.created or manifest.updated
+        manifest.save(self.folder)
+        self._clean(keep=set(manifest.files.values()))
+        self._release()
+
+    def abort(self) -> None:
+        try:
+            self.docs.close()
+        finally:
+            for f in (self.docs_file, self.vectors_file):
+                (self.folder / f).unlink(missing_ok=True)
+            self._release()
+
+    def _release(self) -> None:
+        fcntl.flock(self._lock, fcntl.LOCK_UN)
+        self._lock.close()
+
+    def _clean(self, keep: set[str]) -> None:
+        """Remove data files not in `keep` (older generations, or an interrupted run's)."""
+        for p in self.folder.iterdir():
+            if p.name in keep or not (_gen_of(p.name) or p.name == MANIFEST + ".tmp"):
+                continue
+            p.unlink(missing_ok=True)
+
+
+def _gen_of(name: str) -> int:
+    """The generation number in a data file name such as docs.3.sqlite (0 if not one)."""
+    parts = name.split(".")
+    if len(parts) == 3 and parts[0] in ("docs", "vectors") and parts[1].isdigit():
+        return int(parts[1])
+    return 0
+
+
+def _current_files(folder: Path) -> set[str]:
+    """The data files the current manifest names, read leniently (any format version)."""
+    try:
+        raw = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
+        return {str(v) for v in raw.get("files", {}).values()}
+    except (OSError, ValueError, AttributeError):
+        return set()
+
+
+def index_path(index: str | os.PathLike | None) -> Path:
+    """The index folder: the argument, else $SEMSEARCH_INDEX, else ./indexes/default."""
+    return Path(index or os.environ.get("SEMSEARCH_INDEX") or DEFAULT_INDEX)

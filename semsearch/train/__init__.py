@@ -1,0 +1,1 @@
+"""Training the pooling head: pair data, token-state cache, contrastive loss, saving heads."""

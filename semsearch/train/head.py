@@ -1,0 +1,54 @@
+"""Saving and loading a pooling head: a folder with head.safetensors + head.json."""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from semsearch.errors import InputError, ModelError
+
+HEAD_FORMAT = "semsearch-head v1"
+
+
+def save_head(head, folder: Path, config: dict[str, Any]) -> dict[str, Any]:
+    """Write a head and its config; gives back {'path', 'fingerprint'} for manifests."""
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().float().contiguous().cpu() for k, v in head.state_dict().items()}
+    save_file(tensors, str(folder / "head.safetensors"))
+    cfg = {"format": HEAD_FORMAT, "dim": head.dim, "out_dim": head.proj.out_features if head.proj is not None else None, **config}
+    (folder / "head.json").write_text(json.dumps(cfg, indent=2, sort_keys=True), encoding="utf-8")
+    return head_info(folder)
+
+
+def head_info(folder: Path) -> dict[str, Any]:
+    folder = Path(folder).resolve()
+    h = hashlib.sha256((folder / "head.safetensors").read_bytes()).hexdigest()[:16]
+    return {"path": str(folder), "fingerprint": h}
+
+
+def load_head(folder: str | Path):
+    """The AttentionHead saved in folder."""
+    from safetensors.torch import load_file
+
+    from semsearch.encoder.pooling import AttentionHead
+
+    folder = Path(folder)
+    if not (folder / "head.json").exists():
+        raise ModelError(f"{folder}: not a pooling head folder (no head.json)")
+    cfg = json.loads((folder / "head.json").read_text(encoding="utf-8"))
+    if cfg.get("format") != HEAD_FORMAT:
+        raise ModelError(f"{folder}: head format {cfg.get('format')!r}, expected {HEAD_FORMAT!r}")
+    head = AttentionHead(cfg["dim"], cfg.get("out_dim"))
+    head.load_state_dict(load_file(str(folder / "head.safetensors")))
+    return head.eval()
+
+
+def read_head_config(folder: str | Path) -> dict[str, Any]:
+    p = Path(folder) / "head.json"
+    if not p.exists():
+        raise InputError(f"{folder}: not a pooling head folder (no head.json)")
+    return json.loads(p.read_text(encoding="utf-8"))
