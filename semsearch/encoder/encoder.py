@@ -137,7 +137,8 @@ class Encoder:
         if max_length:
             st.max_seq_length = max_length
         self.max_length = st.max_seq_length
-        self.dim = st.get_sentence_embedding_dimension()
+        dim_of = getattr(st, "get_embedding_dimension", None) or st.get_sentence_embedding_dimension
+        self.dim = dim_of()
         self.tokenizer = None
         self.fingerprint = fingerprint_folder(Path(where)) if isinstance(where, Path) else f"hub:{where}"
 
@@ -200,7 +201,7 @@ class Encoder:
             for s in range(0, len(order), bs):
                 idx = order[s : s + bs]
                 feats = self.st.tokenize([texts[i] for i in idx])
-                feats = {k: v.to(self.device) for k, v in feats.items()}
+                feats = {k: v.to(self.device) if hasattr(v, "to") else v for k, v in feats.items()}
                 out = self.st[0](feats)
                 yield Batch(idx, out["token_embeddings"], out["attention_mask"])
                 bar.update(len(idx))

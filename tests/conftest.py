@@ -1,0 +1,79 @@
+"""Shared fixtures: the real bundled model, a small deterministic fake encoder, temp corpora."""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+REPO = Path(__file__).resolve().parent.parent
+SAMPLE = REPO / "data" / "sample"
+SCIFACT = REPO.parent / "shared" / "data" / "beir" / "scifact"
+
+
+class FakeEncoder:
+    """Deterministic bag-of-words hashing encoder: for unit tests of the layers above the encoder."""
+
+    name = "fake-bow"
+    fingerprint = "fake0001"
+    backend = "fake"
+    precision = "fp32"
+    head_info = None
+
+    def __init__(self, dim: int = 64, max_length: int = 40, pooling: str = "mean"):
+        self.dim = self.out_dim = dim
+        self.max_length = max_length
+        self.pooling = pooling
+        self.calls = 0  # texts encoded so far
+
+    def token_offsets(self, text: str) -> list[tuple[int, int]]:
+        return [m.span() for m in re.finditer(r"\w+", text)]
+
+    def encode(self, texts, progress=None) -> np.ndarray:
+        if isinstance(texts, str):
+            texts = [texts]
+        self.calls += len(texts)
+        out = np.zeros((len(texts), self.dim), np.float32)
+        for i, t in enumerate(texts):
+            for w in re.findall(r"\w+", t.lower()):
+                out[i, int(hashlib.md5(w.encode()).hexdigest(), 16) % self.dim] += 1.0
+        norms = np.linalg.norm(out, axis=1, keepdims=True)
+        return out / np.maximum(norms, 1e-12)
+
+
+@pytest.fixture
+def fake_encoder() -> FakeEncoder:
+    return FakeEncoder()
+
+
+@pytest.fixture(scope="session")
+def real_encoder():
+    from semsearch.encoder import Encoder
+
+    return Encoder(precision="fp32", device="cpu")
+
+
+@pytest.fixture
+def sample_copy(tmp_path: Path) -> Path:
+    """A private copy of the bundled sample corpus, safe to modify."""
+    dst = tmp_path / "corpus"
+    shutil.copytree(SAMPLE, dst)
+    return dst
+
+
+@pytest.fixture
+def small_corpus(tmp_path: Path) -> Path:
+    """Three tiny text files about different topics."""
+    root = tmp_path / "small"
+    root.mkdir()
+    (root / "bank.txt").write_text("The bank approved the loan after checking the credit score.\nMortgage rates fell.\n")
+    (root / "cook.md").write_text("# Soup\nSimmer lentils with onion and cumin for twenty minutes.\n")
+    (root / "space.txt").write_text("Meteor showers happen when Earth crosses a comet's debris trail.\n")
+    return root

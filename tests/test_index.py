@@ -1,0 +1,202 @@
+"""Index folder: build, query, incremental updates, atomic writes, settings checks."""
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from semsearch.cli import main
+from semsearch.corpus import ChunkSettings
+from semsearch.errors import IndexFormatError, SettingsMismatch
+from semsearch.indexing import index_corpus
+from semsearch.search import Retriever
+from semsearch.store import Manifest, open_index
+
+from conftest import SAMPLE
+
+
+def run(*args, input=None):
+    r = CliRunner().invoke(main, [str(a) for a in args], input=input, catch_exceptions=False)
+    return r
+
+
+@pytest.fixture(scope="module")
+def sample_index(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("idx") / "default"
+    r = run("index", SAMPLE, "--index", folder, "--no-progress", "--precision", "fp32")
+    assert r.exit_code == 0, r.output
+    return folder
+
+
+def test_index_and_query_sample_corpus(sample_index):
+    m = Manifest.load(sample_index)
+    assert m.counts["files"] == len([p for p in SAMPLE.rglob("*") if p.is_file()])
+    assert m.counts["chunks"] >= m.counts["documents"] > m.counts["files"]  # csv/jsonl rows are documents
+    assert m.pooling == "mean" and m.dim == 384 and m.max_length == 256 and m.metric == "cosine"
+
+    r = run("query", "loan approval", "--index", sample_index, "-k", "5", "--json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    hits = out["hits"]
+    assert out["query"] == "loan approval" and len(hits) == 5
+    assert [h["rank"] for h in hits] == [1, 2, 3, 4, 5]
+    assert all(-1 <= h["score"] <= 1 for h in hits)
+    assert hits == sorted(hits, key=lambda h: -h["score"])
+    # Lending documents should fill the top of the list.
+    lending = ("bank", "loan", "lend", "credit", "mortgage", "underwriting", "faq", "news")
+    assert sum(any(w in h["source"].lower() for w in lending) for h in hits) >= 4
+    top = hits[0]
+    src = open(top["path"], encoding="utf-8").read()
+    if top["row"] is None:  # offsets point into the source file
+        assert src[top["start"]:top["end"]] == top["text"]
+
+
+def test_query_table_and_jsonl_from_stdin(sample_index):
+    r = run("query", "loan approval", "--index", sample_index, "-k", "3")
+    assert r.exit_code == 0
+    lines = r.output.strip().splitlines()
+    assert lines[0].split()[:3] == ["rank", "score", "source"] and len(lines) == 4
+    r = run("query", "-", "--index", sample_index, "-k", "2", "--jsonl", input="loan approval\n\nmortgage rates\n")
+    assert r.exit_code == 0, r.output
+    rows = [json.loads(x) for x in r.output.strip().splitlines()]
+    assert [x["query"] for x in rows] == ["loan approval", "mortgage rates"]
+    assert all(len(x["hits"]) == 2 for x in rows)
+
+
+def test_info(sample_index):
+    r = run("info", "--index", sample_index)
+    assert r.exit_code == 0
+    assert "all-MiniLM-L6-v2" in r.output and "mean" in r.output and "cosine" in r.output
+    r = run("info", "--index", sample_index, "--json")
+    assert json.loads(r.output)["format_version"] == 1
+
+
+def test_python_api(sample_index):
+    import semsearch
+
+    r = semsearch.Retriever.load(sample_index)
+    hits = r.search("how do banks decide on a loan application", k=3)
+    assert len(hits) == 3 and isinstance(hits[0], semsearch.Hit)
+    assert hits[0].score >= hits[1].score >= hits[2].score
+    assert hits[0].text and hits[0].source and hits[0].end > hits[0].start
+    batch = r.search_batch(["mortgage rates", "sourdough starter"], k=1)
+    assert "mortgage" in batch[0][0].text.lower() and "sourdough" in batch[1][0].source
+    # k larger than the index: every chunk, no FAISS -1 padding
+    assert len(r.search("anything", k=10_000)) == len(r)
+
+
+def test_query_refuses_other_pooling_or_model(sample_index):
+    with pytest.raises(SettingsMismatch, match="pooling 'mean', not 'max'"):
+        Retriever.load(sample_index, pooling="max")
+    r = run("query", "x", "--index", sample_index, "--pooling", "cls")
+    assert r.exit_code != 0 and "pooling 'mean'" in r.output
+
+
+def test_incremental_reindex(small_corpus, tmp_path, fake_encoder):
+    folder = tmp_path / "idx"
+    rep = index_corpus(small_corpus, folder, fake_encoder)
+    assert (rep.added, rep.updated, rep.removed, rep.unchanged) == (3, 0, 0, 0)
+    calls = fake_encoder.calls
+
+    rep = index_corpus(small_corpus, folder, fake_encoder)
+    assert (rep.added, rep.updated, rep.removed, rep.unchanged) == (0, 0, 0, 3)
+    assert fake_encoder.calls == calls  # nothing re-embedded
+
+    (small_corpus / "cook.md").write_text("# Bread\nKnead the dough and let it rise overnight.\n")
+    (small_corpus / "space.txt").unlink()
+    (small_corpus / "new.txt").write_text("Gardening: tomatoes need sun and steady watering.\n")
+    os.utime(small_corpus / "bank.txt")  # touched, same content: not re-embedded
+    rep = index_corpus(small_corpus, folder, fake_encoder)
+    assert (rep.added, rep.updated, rep.removed, rep.unchanged) == (1, 1, 1, 1)
+    assert fake_encoder.calls == calls + 2
+
+    r = Retriever.load(folder, encoder=fake_encoder)
+    assert len(r) == 3
+    sources = {h.source.split("/")[-1] for h in r.search("anything at all", k=10)}
+    assert sources == {"bank.txt", "cook.md", "new.txt"}
+    assert "dough" in r.search("knead dough rise", k=1)[0].text
+    m = Manifest.load(folder)
+    assert m.last_run["updated"] == 1 and m.counts["files"] == 3
+    # Old generations are cleaned up; exactly one data generation stays.
+    assert sorted(p.name.split(".")[0] for p in folder.iterdir() if p.name[0] != ".") == ["docs", "manifest", "vectors"]
+
+
+class Boom(RuntimeError):
+    pass
+
+
+def test_interrupted_index_leaves_previous_usable(small_corpus, tmp_path, fake_encoder):
+    folder = tmp_path / "idx"
+    index_corpus(small_corpus, folder, fake_encoder)
+    before = Retriever.load(folder, encoder=fake_encoder).search("credit score loan", k=3)
+    manifest_before = (folder / "manifest.json").read_text()
+
+    class Exploding(type(fake_encoder)):
+        def encode(self, texts, progress=None):
+            raise Boom("power cut")
+
+    (small_corpus / "more.txt").write_text("Another document about loans and interest.\n")
+    with pytest.raises(Boom):
+        index_corpus(small_corpus, folder, Exploding())
+    assert (folder / "manifest.json").read_text() == manifest_before
+    after = Retriever.load(folder, encoder=fake_encoder).search("credit score loan", k=3)
+    assert [(h.id, h.score) for h in after] == [(h.id, h.score) for h in before]
+    # A stray half-written generation (as a killed process would leave) is cleaned by the next run.
+    (folder / "docs.99.sqlite").write_bytes(b"half")
+    rep = index_corpus(small_corpus, folder, fake_encoder)
+    assert rep.added == 1 and not (folder / "docs.99.sqlite").exists()
+
+
+def test_settings_mismatch_refused_and_rebuild(small_corpus, tmp_path, fake_encoder):
+    from conftest import FakeEncoder
+
+    folder = tmp_path / "idx"
+    index_corpus(small_corpus, folder, fake_encoder)
+    other = FakeEncoder(pooling="max")
+    with pytest.raises(SettingsMismatch, match="pooling 'max' vs the index's 'mean'"):
+        index_corpus(small_corpus, folder, other)
+    with pytest.raises(SettingsMismatch, match="chunking"):
+        index_corpus(small_corpus, folder, fake_encoder, ChunkSettings(10, 2))
+    rep = index_corpus(small_corpus, folder, other, rebuild=True)
+    assert rep.added == 3 and Manifest.load(folder).pooling == "max"
+
+
+def test_chunks_keep_offsets_and_lines(tmp_path, fake_encoder):
+    root = tmp_path / "c"
+    root.mkdir()
+    text = "\n".join(f"line {i} has some words in it" for i in range(1, 41))
+    (root / "long.txt").write_text(text)
+    folder = tmp_path / "idx"
+    index_corpus(root, folder, fake_encoder, ChunkSettings(window=30, overlap=5))
+    _, _, docs = open_index(folder)
+    rows = docs.db.execute("SELECT ord, start, end, line, text FROM chunks ORDER BY ord").fetchall()
+    assert len(rows) > 5
+    for ord_, start, end, line, chunk in rows:
+        assert text[start:end] == chunk
+        assert text.count("\n", 0, start) + 1 == line
+    # consecutive chunks overlap by 5 tokens
+    assert rows[1][1] < rows[0][2]
+
+
+def test_other_format_version_refused(small_corpus, tmp_path, fake_encoder):
+    folder = tmp_path / "idx"
+    index_corpus(small_corpus, folder, fake_encoder)
+    raw = json.loads((folder / "manifest.json").read_text())
+    raw["format_version"] = 999
+    (folder / "manifest.json").write_text(json.dumps(raw))
+    with pytest.raises(IndexFormatError, match="version 999.*--rebuild"):
+        Retriever.load(folder, encoder=fake_encoder)
+
+
+def test_no_pickle_in_index(sample_index):
+    m = Manifest.load(sample_index)
+    db = sqlite3.connect(sample_index / m.files["docs"])
+    (n,) = db.execute("SELECT COUNT(*) FROM chunks").fetchone()
+    assert n == m.counts["chunks"]
+    vec = np.frombuffer(db.execute("SELECT vector FROM chunks LIMIT 1").fetchone()[0], np.float32)
+    assert vec.shape == (384,) and abs(np.linalg.norm(vec) - 1) < 1e-5
+    assert not any(p.suffix in (".pkl", ".pickle") for p in sample_index.iterdir())
