@@ -96,6 +96,8 @@ def index(corpus, index, model, pooling, head, device, precision, chunk_tokens, 
     from semsearch.store import index_path
 
     folder = index_path(index)
+    if not corpus.exists():  # before loading a model
+        raise click.ClickException(f"corpus path {str(corpus)!r} does not exist")
     if pooling and len(pooling) > 1:
         raise click.BadParameter("index takes one pooling", param_hint="--pooling")
     base = load_base(folder, rebuild) if (folder / "manifest.json").exists() else None

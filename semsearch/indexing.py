@@ -158,7 +158,11 @@ def _update(writer, files, root, encoder, chunking, read, report, progress, flus
             docs = list(_chunk_rows(f.path, encoder, chunking, read))
         except Skip as e:
             log.warning("skipped %s: %s", f.path, e)
-            report.skipped[str(e).split(" (")[0]] = report.skipped.get(str(e).split(" (")[0], 0) + 1
+            reason = str(e).split(" (")[0]
+            report.skipped[reason] = report.skipped.get(reason, 0) + 1
+            if old is not None:  # its indexed text no longer matches the file: drop it
+                writer.vectors.remove(store.remove_file(old.id))
+                report.removed += 1
             bar.update(f.size)
             continue
         if old is not None:

@@ -35,9 +35,7 @@ class Chunk:
 def chunk_text(text: str, offsets: Offsets, settings: ChunkSettings) -> Iterator[Chunk]:
     """Token windows of `settings.window` tokens, each sharing `settings.overlap` with the last."""
     spans = offsets(text)
-    if not spans:
-        if text.strip():
-            yield Chunk(text.strip(), 0, len(text), 0)
+    if not spans:  # nothing the model would see (blank, or only characters the tokenizer drops)
         return
     step = settings.window - settings.overlap
     i = 0

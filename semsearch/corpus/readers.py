@@ -6,7 +6,7 @@ import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 from semsearch.errors import CorpusError, InputError
 
@@ -115,41 +115,77 @@ def _plain(v: Any) -> Any:
 
 
 def _read_table(path: Path, opts: ReadOptions, sep: str) -> Iterator[Document]:
-    import pandas as pd
-
-    bad: list[int] = []
-    on_bad: str | Callable = "error"
-    if opts.skip_errors:
-        def on_bad(line: list[str]) -> None:  # noqa: E306 - pandas calls this per malformed line
-            bad.append(1)
-            return None
-    try:
-        reader = pd.read_csv(
-            path, sep=sep, dtype=str, keep_default_na=False, chunksize=2000, encoding="utf-8",
-            on_bad_lines=on_bad, engine="python" if opts.skip_errors else "c",
-        )
-        key = None
-        row = 0
-        for frame in reader:
-            recs = frame.to_dict("records")
-            if key is None:
-                key = _pick_text_field(path, list(frame.columns), recs[:200], opts.text_column, "column")
-            for rec in recs:
+    # The standard csv module rather than pandas: it streams, and its line_num lets errors name the
+    # exact line and rows keep their true numbers when malformed lines are skipped (pandas' reader
+    # silently turns an extra field in the first rows into an index column and shifts every value).
+    _check_utf8(path)
+    kind = "CSV" if sep == "," else "TSV"
+    with open(path, encoding="utf-8-sig", newline="") as fh:
+        reader = csv.reader(fh, delimiter=sep)
+        try:
+            header = next(reader, None)
+            if header is None:
+                return
+            key: str | None = None
+            pending: list[tuple[int, dict]] = []
+            row = bad = 0
+            for fields in reader:
+                if not fields or (len(fields) == 1 and not fields[0].strip()):
+                    continue  # blank line
                 row += 1
-                doc = _to_document(rec, key, row)
-                if doc is not None and doc.text.strip():
-                    yield doc
-    except UnicodeDecodeError as e:
-        raise Skip(f"not UTF-8 (byte {e.start})") from e
-    except pd.errors.EmptyDataError:
-        return
-    except (pd.errors.ParserError, csv.Error) as e:
-        raise CorpusError(f"{path}: malformed {sep == ',' and 'CSV' or 'TSV'}: {e} (use --skip-errors to skip bad lines)") from e
+                if len(fields) != len(header):
+                    msg = f"{path}: malformed {kind}: line {reader.line_num}: expected {len(header)} fields, saw {len(fields)}"
+                    if opts.skip_errors:
+                        log.warning("%s; skipped", msg)
+                        bad += 1
+                        continue
+                    raise CorpusError(f"{msg} (use --skip-errors to skip bad lines)")
+                rec = dict(zip(header, fields))
+                if key is None:
+                    pending.append((row, rec))
+                    if len(pending) < 200:
+                        continue
+                    key = _pick_text_field(path, header, [r for _, r in pending], opts.text_column, "column")
+                    yield from _docs(pending, key)
+                    continue
+                yield from _docs([(row, rec)], key)
+            if key is None and pending:
+                key = _pick_text_field(path, header, [r for _, r in pending], opts.text_column, "column")
+                yield from _docs(pending, key)
+        except csv.Error as e:
+            raise CorpusError(f"{path}: malformed {kind}: line {reader.line_num}: {e}") from e
     if bad:
-        log.warning("%s: skipped %d malformed line(s)", path, len(bad))
+        log.warning("%s: skipped %d malformed line(s)", path, bad)
+
+
+def _docs(rows: list[tuple[int, dict]], key: str) -> Iterator[Document]:
+    for row, rec in rows:
+        doc = _to_document(rec, key, row)
+        if doc is not None and doc.text.strip():
+            yield doc
+
+
+def _check_utf8(path: Path) -> None:
+    """Raise Skip naming the file offset of the first byte that is not UTF-8."""
+    import codecs
+
+    dec = codecs.getincrementaldecoder("utf-8")()
+    offset = 0
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            try:
+                dec.decode(block)
+            except UnicodeDecodeError as e:
+                raise Skip(f"not UTF-8 (byte {offset + e.start})") from e
+            offset += len(block)
+        try:
+            dec.decode(b"", final=True)
+        except UnicodeDecodeError as e:
+            raise Skip(f"not UTF-8 (byte {offset + e.start})") from e
 
 
 def _records_from_lines(path: Path, opts: ReadOptions) -> Iterator[tuple[int, dict]]:
+    _check_utf8(path)
     try:
         with open(path, encoding="utf-8-sig") as fh:
             for lineno, line in enumerate(fh, 1):
