@@ -223,5 +223,102 @@ def info(index, as_json):
         click.echo(f"{key:<{w}}  {val}")
 
 
+@main.command("eval")
+@click.argument("dataset", required=False, type=click.Path(path_type=Path))
+@click.option("--split", default="test", show_default=True, help="Which qrels/<split>.tsv to evaluate on.")
+@click.option("--pooling", default=None, callback=_pooling_list, help="Comma-separated poolings to compare (one encoder pass), e.g. cls,mean,max. Default: mean.")
+@click.option("--head", "heads", multiple=True, type=click.Path(exists=True, file_okay=False, path_type=Path), help="Also evaluate a trained pooling head (repeatable).")
+@click.option("--model", default=None, help="Model folder or hub name. Default: the bundled all-MiniLM-L6-v2.")
+@click.option("--k", "ks", default="10,100", show_default=True, help="Comma-separated cutoffs for nDCG, recall, MAP, MRR.")
+@click.option("--index", "index", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Evaluate this index as built (its model, pooling, head and index type) instead of exact search; reports its recall against exact search.")
+@click.option("--pairs", type=click.Path(path_type=Path), default=None, help="Sentence-pair file (TSV/CSV: score, sentence1, sentence2): Spearman and Pearson of cosine vs gold.")
+@click.option("--pair-columns", default=None, help="Names or 0-based positions of the score, sentence1, sentence2 columns, comma-separated.")
+@click.option("--max-queries", type=int, default=None, help="Evaluate only the first N judged queries (with a corpus cut to --max-docs).")
+@click.option("--max-docs", type=int, default=None, help="With --max-queries: keep the judged documents plus others up to N.")
+@device_option
+@click.option("--precision", type=click.Choice(["auto", "fp32", "bf16", "fp16"]), default="auto", show_default=True, help="Encoder arithmetic (see `index --help`).")
+@click.option("--json", "as_json", is_flag=True, help="Every number and the settings that produced it, as JSON.")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Also write the JSON report to this file.")
+@click.option("--progress/--no-progress", default=None, help="Progress bar. Default: shown on a terminal.")
+@handle_errors
+def eval_(dataset, split, pooling, heads, model, ks, index, pairs, pair_columns, max_queries, max_docs, device, precision, as_json, out, progress):
+    """Measure retrieval quality on a BEIR-format DATASET folder, or pair similarity with --pairs.
+
+    \b
+    semsearch eval ../shared/data/beir/scifact --pooling cls,mean,max
+    semsearch eval DATASET --index indexes/scifact
+    semsearch eval --pairs sts.tsv --pooling cls,mean,max
+
+    Metrics (nDCG@k, recall@k, MAP@k, MRR@k, in %) are computed by trec_eval (pytrec_eval), as
+    BEIR and MTEB do. Default search is exact; every pooling is computed from one encoder pass.
+    """
+    from semsearch import eval as ev
+    from semsearch.errors import InputError
+
+    try:
+        cutoffs = sorted({int(x) for x in ks.split(",") if x.strip()})
+    except ValueError as e:
+        raise click.BadParameter(f"{ks!r}: expected comma-separated integers", param_hint="--k") from e
+    if not cutoffs or min(cutoffs) < 1:
+        raise click.BadParameter(f"{ks!r}: cutoffs must be positive", param_hint="--k")
+    if dataset is None and pairs is None:
+        raise InputError("give a BEIR dataset folder, or --pairs FILE")
+    report: dict = {}
+    if index is not None:
+        from semsearch.search import Retriever
+
+        if dataset is None:
+            raise InputError("--index needs a BEIR dataset folder to evaluate against")
+        data = _subset(ev.load_beir(dataset, split), max_queries, max_docs)
+        rep = ev.evaluate_index(data, Retriever.load(index, device=device), cutoffs)
+        report = rep.to_dict()
+    else:
+        enc = _eval_encoder(model, pooling, heads, device, precision)
+        names = (pooling or ([] if heads else ["mean"])) + (["head"] if heads else [])
+        if dataset is not None:
+            data = _subset(ev.load_beir(dataset, split), max_queries, max_docs)
+            report = ev.evaluate_beir(data, enc, names, cutoffs, progress=progress).to_dict()
+        if pairs is not None:
+            cols = [c.strip() for c in pair_columns.split(",")] if pair_columns else None
+            report["pairs"] = {"file": str(pairs), "results": ev.evaluate_pairs(pairs, enc, names, cols)}
+    text = json.dumps(report, indent=2)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text + "\n", encoding="utf-8")
+    if as_json:
+        click.echo(text)
+        return
+    if "results" in report:
+        s = report["settings"]
+        click.echo(f"{report['dataset']} ({report['split']}): {s['queries']} queries, {s['documents']} documents; "
+                   f"model {s['model']} ({s['model_fingerprint']}), {s['precision']}, max length {s['max_length']}")
+        click.echo(ev.format_table(report["results"]))
+        click.echo("time: " + ", ".join(f"{k} {v}" for k, v in report["seconds"].items()))
+    if "pairs" in report:
+        click.echo(f"pairs: {report['pairs']['file']}")
+        click.echo(ev.format_table(report["pairs"]["results"]))
+
+
+def _subset(data, max_queries, max_docs):
+    return data.subset(max_queries, max_docs) if (max_queries or max_docs) else data
+
+
+def _eval_encoder(model, pooling, heads, device, precision):
+    from semsearch.encoder.encoder import Encoder
+    from semsearch.errors import InputError
+
+    if len(heads) > 1:
+        raise InputError("evaluate one --head at a time (it is compared with the --pooling baselines)")
+    head = head_info = None
+    if heads:
+        from semsearch.train.head import head_info as _info, load_head
+
+        head, head_info = load_head(heads[0]), _info(heads[0])
+    enc = Encoder(model, pooling="head" if head is not None else "mean", device=device, precision=precision, head=head)
+    enc.head_info = head_info
+    return enc
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()
