@@ -275,7 +275,7 @@ def eval_(dataset, split, pooling, heads, model, ks, index, pairs, pair_columns,
         report = rep.to_dict()
     else:
         enc = _eval_encoder(model, pooling, heads, device, precision)
-        names = (pooling or ([] if heads else ["mean"])) + (["head"] if heads else [])
+        names = (pooling or ["mean"]) + (["head"] if heads else [])
         if dataset is not None:
             data = _subset(ev.load_beir(dataset, split), max_queries, max_docs)
             report = ev.evaluate_beir(data, enc, names, cutoffs, progress=progress).to_dict()
@@ -316,8 +316,77 @@ def _eval_encoder(model, pooling, heads, device, precision):
 
         head, head_info = load_head(heads[0]), _info(heads[0])
     enc = Encoder(model, pooling="head" if head is not None else "mean", device=device, precision=precision, head=head)
+    if heads:
+        load_head(heads[0], enc.fingerprint)  # refuses a head trained on other weights
     enc.head_info = head_info
     return enc
+
+
+@main.command()
+@click.option("--beir", "beir", type=click.Path(path_type=Path), default=None, help="A BEIR-format dataset folder to train on (its --split qrels).")
+@click.option("--split", default="train", show_default=True, help="With --beir: the qrels split to train on. Never the split you report.")
+@click.option("--pairs", type=click.Path(path_type=Path), default=None, help="Or a CSV/TSV of query, positive[, negative] columns.")
+@click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path), help="Folder to write the head to.")
+@click.option("--model", default=None, help="Base model (frozen). Default: the bundled all-MiniLM-L6-v2.")
+@click.option("--epochs", type=click.IntRange(min=1), default=10, show_default=True)
+@click.option("--batch-size", type=click.IntRange(min=2), default=64, show_default=True, help="Pairs per batch; the other pairs' passages are the in-batch negatives.")
+@click.option("--lr", type=float, default=2e-3, show_default=True, help="AdamW learning rate of the head.")
+@click.option("--scale", type=float, default=20.0, show_default=True, help="Similarity scale (1 / temperature) of the InfoNCE loss.")
+@click.option("--hard-negatives", type=click.IntRange(min=0), default=1, show_default=True, help="Mined hard negatives per pair (0: in-batch only).")
+@click.option("--neg-skip", type=click.IntRange(min=0), default=3, show_default=True, help="Skip this many top-ranked non-relevant passages when mining (likely unlabelled positives).")
+@click.option("--neg-depth", type=click.IntRange(min=2), default=50, show_default=True, help="Mine hard negatives from the top N of the base ranking.")
+@click.option("--symmetric", is_flag=True, help="Also train passage -> query.")
+@click.option("--projection/--no-projection", default=True, show_default=True, help="Learn a linear projection after the attention pooling.")
+@click.option("--dev-fraction", type=click.FloatRange(0.0, 0.9), default=0.2, show_default=True, help="Training queries held out to pick the best epoch and gate the head.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--cache", type=click.Path(file_okay=False, path_type=Path), default=Path("indexes/.cache"), show_default=True,
+              help="Where token states are cached, so a second run does not encode again.")
+@click.option("--force", is_flag=True, help="Save the head even if it does not beat mean pooling on the dev set.")
+@device_option
+@click.option("--precision", type=click.Choice(["auto", "fp32", "bf16", "fp16"]), default="auto", show_default=True, help="Encoder arithmetic for the token states.")
+@click.option("--progress/--no-progress", default=None, help="Progress bar. Default: shown on a terminal.")
+@handle_errors
+def train(beir, split, pairs, out, model, epochs, batch_size, lr, scale, hard_negatives, neg_skip, neg_depth, symmetric,
+          projection, dev_fraction, seed, cache, force, device, precision, progress):
+    """Train a pooling head contrastively on (query, relevant passage) pairs.
+
+    The encoder stays frozen: its token states are computed once (and cached), then each epoch
+    trains only the attention-pooling head, with in-batch and mined hard negatives. Part of the
+    training queries is held out; the best epoch on it is kept, and a head that does not beat mean
+    pooling there is not saved (unless --force).
+
+    \b
+    semsearch train --beir ../shared/data/beir/scifact --split train --out heads/scifact
+    semsearch eval ../shared/data/beir/scifact --head heads/scifact
+    """
+    from semsearch.encoder.encoder import Encoder
+    from semsearch.errors import InputError
+    from semsearch.train import data as td
+    from semsearch.train.head import save_head
+    from semsearch.train.trainer import TrainConfig, config_dict, train_head
+
+    if (beir is None) == (pairs is None):
+        raise InputError("give exactly one of --beir DATASET or --pairs FILE")
+    data = td.from_beir(beir, split) if beir is not None else td.from_pairs_file(pairs)
+    cfg = TrainConfig(epochs=epochs, batch_size=batch_size, lr=lr, scale=scale, hard_negatives=hard_negatives,
+                      neg_skip=neg_skip, neg_depth=neg_depth, symmetric=symmetric, projection=projection,
+                      dev_fraction=dev_fraction, seed=seed)
+    enc = Encoder(model, device=device, precision=precision)
+    click.echo(f"training on {data.source}: {len(data.queries)} queries, {data.n_pairs} pairs, {len(data.passages)} passages", err=True)
+    res = train_head(data, enc, cfg, cache, progress)
+    for row in res.history:
+        click.echo("  " + ", ".join(f"{k} {v}" for k, v in row.items()), err=True)
+    verdict = (f"dev nDCG@10: mean pooling {res.base_dev:.2f}, head {res.best_dev:.2f} (epoch {res.best_epoch}); "
+               f"{res.n_train} train / {res.n_dev} dev queries; token states {res.seconds['token_states']} s, training {res.seconds['training']} s")
+    if not res.improved and not force:
+        raise click.ClickException(f"the head did not beat mean pooling on the dev set, so it was not saved ({verdict}). Use --force to save it anyway.")
+    info = save_head(res.head, out, {
+        "base_model": enc.name, "base_model_fingerprint": enc.fingerprint, "max_length": enc.max_length,
+        "training_data": data.source, "training_data_checksum": data.checksum, "hyperparameters": config_dict(cfg),
+        "metrics": res.metrics(), "improved_on_dev": res.improved,
+    })
+    click.echo(verdict)
+    click.echo(f"saved head to {out} (fingerprint {info['fingerprint']})")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -30,8 +30,9 @@ def head_info(folder: Path) -> dict[str, Any]:
     return {"path": str(folder), "fingerprint": h}
 
 
-def load_head(folder: str | Path):
-    """The AttentionHead saved in folder."""
+def load_head(folder: str | Path, base_fingerprint: str | None = None):
+    """The AttentionHead saved in folder; refused if trained on another base model than
+    `base_fingerprint` (when given)."""
     from safetensors.torch import load_file
 
     from semsearch.encoder.pooling import AttentionHead
@@ -42,6 +43,11 @@ def load_head(folder: str | Path):
     cfg = json.loads((folder / "head.json").read_text(encoding="utf-8"))
     if cfg.get("format") != HEAD_FORMAT:
         raise ModelError(f"{folder}: head format {cfg.get('format')!r}, expected {HEAD_FORMAT!r}")
+    trained_on = cfg.get("base_model_fingerprint")
+    if base_fingerprint is not None and trained_on not in (None, base_fingerprint):
+        from semsearch.errors import SettingsMismatch
+
+        raise SettingsMismatch(f"{folder}: head was trained on model weights {trained_on}, not {base_fingerprint} ({cfg.get('base_model')})")
     head = AttentionHead(cfg["dim"], cfg.get("out_dim"))
     head.load_state_dict(load_file(str(folder / "head.safetensors")))
     return head.eval()
