@@ -80,10 +80,11 @@ def main(verbose: bool) -> None:
 @click.option("--text-column", default=None, help="Column (CSV/TSV/Parquet) or field (JSON/JSONL) holding the text. Default: found automatically.")
 @click.option("--skip-errors", is_flag=True, help="Skip malformed CSV/JSONL lines with a warning instead of stopping.")
 @click.option("--rebuild", is_flag=True, help="Build the index anew (e.g. with another model or pooling) instead of updating it.")
+@click.option("--keep-states", is_flag=True, help="Keep every chunk's fp16 token states (768 bytes a token for MiniLM) so a new --pooling or --head re-pools the index without re-encoding.")
 @click.option("--progress/--no-progress", default=None, help="Progress bar. Default: shown on a terminal.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @handle_errors
-def index(corpus, index, model, pooling, head, device, precision, chunk_tokens, overlap, text_column, skip_errors, rebuild, progress, as_json):
+def index(corpus, index, model, pooling, head, device, precision, chunk_tokens, overlap, text_column, skip_errors, rebuild, keep_states, progress, as_json):
     """Index the files under CORPUS (a folder or one file) into an index folder.
 
     Reads .txt .md .rst .csv .tsv .jsonl .json .parquet, recursively; hidden and binary files are
@@ -118,13 +119,15 @@ def index(corpus, index, model, pooling, head, device, precision, chunk_tokens, 
         max_length=base.max_length if base and not model else None, head=head_mod,
     )
     enc.head_info = head_info
+    if head is not None:
+        load_head(head, enc.fingerprint)  # refuses a head trained on other weights
     chunking = None
     if chunk_tokens is not None or overlap is not None or base is None:
         d = ChunkSettings(window=enc.max_length - 2)
         if base is not None:
             d = ChunkSettings(**base.chunking)
         chunking = ChunkSettings(chunk_tokens if chunk_tokens is not None else d.window, overlap if overlap is not None else d.overlap)
-    report = index_corpus(corpus, folder, enc, chunking, ReadOptions(text_column, skip_errors), rebuild, progress)
+    report = index_corpus(corpus, folder, enc, chunking, ReadOptions(text_column, skip_errors), rebuild, progress, keep_states=keep_states)
     if as_json:
         click.echo(json.dumps(report.as_dict(), indent=2))
     else:

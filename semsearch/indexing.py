@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from semsearch.corpus.chunking import ChunkSettings, chunk_text, line_of
 from semsearch.corpus.readers import ReadOptions, Skip, read_documents
 from semsearch.corpus.walk import file_hash, walk
@@ -30,6 +32,8 @@ class IndexReport:
     chunks: int = 0
     seconds: float = 0.0
     skipped: dict[str, int] = field(default_factory=dict)
+    repooled: int = 0  # chunks re-pooled from kept token states (new pooling or head)
+    repool_seconds: float = 0.0
     totals: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -38,7 +42,8 @@ class IndexReport:
 
     def summary(self) -> str:
         skipped = sum(self.skipped.values())
-        return (
+        repool = f"re-pooled {self.repooled} chunk(s) from kept token states in {self.repool_seconds:.1f} s; " if self.repooled else ""
+        return repool + (
             f"{self.index}: {self.added} added, {self.updated} updated, {self.removed} removed, "
             f"{self.unchanged} unchanged file(s); embedded {self.documents} document(s), {self.chunks} chunk(s) "
             f"in {self.seconds:.1f} s ({self.chunks_per_s:.1f} chunks/s); {skipped} file(s) skipped; "
@@ -58,24 +63,66 @@ def load_base(folder: Path, rebuild: bool) -> Manifest | None:
     return Manifest.load(folder)
 
 
-def check_settings(base: Manifest, encoder, chunking: ChunkSettings, folder: Path) -> None:
-    """Refuse to mix vectors of another model, pooling or chunking into an index."""
+def check_settings(base: Manifest, encoder, chunking: ChunkSettings, folder: Path) -> bool:
+    """Refuse to mix vectors of another model or chunking into an index. A new pooling or head
+    is allowed where the index kept its token states: gives back True when a re-pool is needed."""
     diffs = []
     if encoder.fingerprint != base.model_fingerprint:
         diffs.append(f"model {encoder.name} ({encoder.fingerprint}) vs the index's {base.model} ({base.model_fingerprint})")
-    if encoder.pooling != base.pooling:
-        diffs.append(f"pooling {encoder.pooling!r} vs the index's {base.pooling!r}")
     if encoder.max_length != base.max_length:
         diffs.append(f"max length {encoder.max_length} vs the index's {base.max_length}")
-    if (base.head or {}).get("fingerprint") != (getattr(encoder, "head_info", None) or {}).get("fingerprint"):
-        diffs.append("a different pooling head")
     if {"window": chunking.window, "overlap": chunking.overlap} != base.chunking:
         diffs.append(f"chunking {chunking.window}/{chunking.overlap} vs the index's {base.chunking['window']}/{base.chunking['overlap']}")
+    pooling_diff = []
+    if encoder.pooling != base.pooling:
+        pooling_diff.append(f"pooling {encoder.pooling!r} vs the index's {base.pooling!r}")
+    elif (base.head or {}).get("fingerprint") != (getattr(encoder, "head_info", None) or {}).get("fingerprint"):
+        pooling_diff.append("a different pooling head")
+    if pooling_diff and not base.states:
+        diffs += pooling_diff
     if diffs:
+        hint = ""
+        if pooling_diff and not base.states:
+            tokens = base.counts.get("chunks", 0) * base.chunking["window"]
+            hint = (f" An index built with --keep-states re-pools without re-encoding (it keeps fp16 token states: "
+                    f"{2 * base.dim} bytes a token, up to {tokens * 2 * base.dim / 1e6:.0f} MB for this one).")
         raise SettingsMismatch(
             f"{folder} was built with other settings: {'; '.join(diffs)}. "
-            "Use --rebuild to rebuild it with the new settings, or --index to write another index."
+            "Use --rebuild to rebuild it with the new settings, or --index to write another index." + hint
         )
+    return bool(pooling_diff)
+
+
+def repool(writer: IndexWriter, encoder, batch: int = 256) -> int:
+    """Recompute every vector from the kept token states with the encoder's pooling (no
+    transformer pass) and rebuild the vector index; gives back the number of chunks."""
+    import torch
+
+    from semsearch.store.vectors import VectorIndex
+
+    fresh = VectorIndex.create(encoder.out_dim, writer.vectors.kind)
+    maps: dict[str, np.ndarray] = {}
+    n = 0
+    for refs in writer.docs.iter_states_refs(batch):
+        if any(r[1] is None for r in refs):
+            raise SettingsMismatch(f"{writer.folder}: some chunks have no kept token states; rebuild with --rebuild --keep-states")
+        T = max(r[3] for r in refs)
+        states = np.zeros((len(refs), T, encoder.dim), np.float32)  # (B, T, D)
+        mask = np.zeros((len(refs), T), np.int64)
+        for b, (_, file, off, length) in enumerate(refs):
+            if file not in maps:
+                maps[file] = writer.read_states(file, encoder.dim)
+            states[b, :length] = maps[file][off : off + length]
+            mask[b, :length] = 1
+        with torch.no_grad():
+            v = encoder.pool(encoder.pooling, torch.from_numpy(states).to(encoder.device), torch.from_numpy(mask).to(encoder.device))
+            v = torch.nn.functional.normalize(v, dim=-1).float().cpu().numpy()
+        ids = np.array([r[0] for r in refs], np.int64)
+        writer.docs.set_vectors(ids, v)
+        fresh.add(ids, v)
+        n += len(refs)
+    writer.vectors = fresh
+    return n
 
 
 def index_corpus(
@@ -87,6 +134,7 @@ def index_corpus(
     rebuild: bool = False,
     progress: bool | None = None,
     flush_chunks: int = 512,
+    keep_states: bool = False,
 ) -> IndexReport:
     """Index (or incrementally update) `folder` from the files under `corpus`."""
     t0 = time.perf_counter()
@@ -100,19 +148,24 @@ def index_corpus(
     if base is not None and chunking is None:
         chunking = ChunkSettings(**base.chunking)
     chunking = (chunking or ChunkSettings(window=encoder.max_length - 2)).check(encoder.max_length)
-    if base is not None:
-        check_settings(base, encoder, chunking, folder)
+    needs_repool = check_settings(base, encoder, chunking, folder) if base is not None else False
+    keep_states = keep_states or bool(base and base.states)
 
     report = IndexReport(index=str(folder), skipped=dict(found.skipped))
     writer = IndexWriter(folder, encoder.out_dim, base)
     try:
-        _update(writer, found.files, corpus.resolve(), encoder, chunking, read, report, progress, flush_chunks)
+        if needs_repool:
+            t = time.perf_counter()
+            report.repooled = repool(writer, encoder)
+            report.repool_seconds = round(time.perf_counter() - t, 2)
+        _update(writer, found.files, corpus.resolve(), encoder, chunking, read, report, progress, flush_chunks, keep_states)
         counts = writer.docs.counts()
         manifest = Manifest(
             model=encoder.name, model_fingerprint=encoder.fingerprint, backend=encoder.backend,
             pooling=encoder.pooling, dim=encoder.out_dim, max_length=encoder.max_length,
             precision=encoder.precision, chunking={"window": chunking.window, "overlap": chunking.overlap},
             head=getattr(encoder, "head_info", None), counts=counts,
+            states={"dtype": "float16", "dim": encoder.dim} if keep_states else None,
             created=base.created if base else "",
         )
         report.totals = counts
@@ -126,7 +179,7 @@ def index_corpus(
     return report
 
 
-def _update(writer, files, root, encoder, chunking, read, report, progress, flush_chunks) -> None:
+def _update(writer, files, root, encoder, chunking, read, report, progress, flush_chunks, keep_states) -> None:
     store = writer.docs
     stored = store.files()
     seen: set[str] = set()
@@ -134,7 +187,12 @@ def _update(writer, files, root, encoder, chunking, read, report, progress, flus
 
     def flush() -> None:
         if pending:
-            vecs = encoder.encode([c.text for c in pending], progress=False)
+            if keep_states:
+                vecs, states = encoder.encode_with_states([c.text for c in pending], progress=False)
+                for c, st in zip(pending, states):
+                    c.state = writer.append_states(st)
+            else:
+                vecs = encoder.encode([c.text for c in pending], progress=False)
             writer.vectors.add(store.add_chunks(pending, vecs), vecs)
             report.chunks += len(pending)
             pending.clear()

@@ -83,7 +83,13 @@ class Retriever:
 
             if model is not None and resolve_model(model)[0] != m.model:
                 raise SettingsMismatch(f"{folder} was built with model {m.model!r}, not {model!r}; query it without --model, or rebuild it")
-            head = load_head(m.head["path"]) if m.head else None
+            head = None
+            if m.head:
+                from semsearch.train.head import head_info
+
+                head = load_head(m.head["path"])
+                if head_info(m.head["path"])["fingerprint"] != m.head["fingerprint"]:
+                    raise SettingsMismatch(f"the pooling head at {m.head['path']} changed since {folder} was built; re-pool the index with `semsearch index CORPUS --head DIR`")
             encoder = Encoder(m.model, pooling=m.pooling, device=device, max_length=m.max_length, head=head)
             encoder.head_info = m.head
         if encoder.fingerprint != m.model_fingerprint:

@@ -229,6 +229,20 @@ class Encoder:
                 out[p][b.index] = v.float().cpu().numpy()
         return out
 
+    def encode_with_states(self, texts: Sequence[str], progress: bool | None = None) -> tuple[np.ndarray, list[np.ndarray]]:
+        """(vectors (n, D') with this encoder's pooling, each text's real-token states (T_i, D) fp16)."""
+        texts = list(texts)
+        vecs = np.zeros((len(texts), self.out_dim), np.float32)
+        states: list[np.ndarray] = [np.zeros((0, self.dim), np.float16)] * len(texts)
+        for b in self.iter_states(texts, progress):
+            v = torch.nn.functional.normalize(self.pool(self.pooling, b.states, b.mask), dim=-1)
+            vecs[b.index] = v.float().cpu().numpy()
+            lens = b.mask.sum(1).tolist()
+            st = b.states.to(torch.float16).cpu().numpy()
+            for r, i in enumerate(b.index):
+                states[i] = st[r, : lens[r]]
+        return vecs, states
+
     def encode(self, texts: Sequence[str] | str, progress: bool | None = None) -> np.ndarray:
         """(n, D) L2-normalised float32 vectors with this encoder's pooling."""
         if isinstance(texts, str):

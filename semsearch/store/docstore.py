@@ -29,7 +29,10 @@ CREATE TABLE IF NOT EXISTS chunks (
     line INTEGER,                   -- 1-based line of `start` for whole-file documents
     text TEXT NOT NULL,
     metadata TEXT,                  -- JSON object
-    vector BLOB NOT NULL            -- float32 (dim,), so any index type can be rebuilt
+    vector BLOB NOT NULL,           -- float32 (dim,), so any index type can be rebuilt
+    state_file TEXT,                -- with --keep-states: token states in states/<file>, fp16 (state_len, D)
+    state_off INTEGER,              -- first token's row in that file
+    state_len INTEGER
 );
 CREATE INDEX IF NOT EXISTS chunks_file ON chunks(file_id);
 """
@@ -45,6 +48,7 @@ class ChunkRow:
     line: int | None
     text: str
     metadata: dict[str, Any]
+    state: tuple[str, int, int] | None = None  # (file, first row, tokens) of kept token states
 
 
 @dataclass
@@ -104,11 +108,11 @@ class DocStore:
         ids = np.empty(len(rows), np.int64)
         for i, (r, v) in enumerate(zip(rows, vectors)):
             cur = self.db.execute(
-                "INSERT INTO chunks (file_id, row, ord, start, end, line, text, metadata, vector)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO chunks (file_id, row, ord, start, end, line, text, metadata, vector,"
+                " state_file, state_off, state_len) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (r.file_id, r.row, r.ord, r.start, r.end, r.line, r.text,
                  json.dumps(r.metadata, ensure_ascii=False) if r.metadata else None,
-                 np.ascontiguousarray(v, np.float32).tobytes()),
+                 np.ascontiguousarray(v, np.float32).tobytes(), *(r.state or (None, None, None))),
             )
             ids[i] = cur.lastrowid
         return ids
@@ -136,6 +140,19 @@ class DocStore:
         while rows := cur.fetchmany(batch):
             ids = np.array([r[0] for r in rows], np.int64)
             yield ids, np.stack([np.frombuffer(r[1], np.float32) for r in rows])
+
+    def iter_states_refs(self, batch: int = 4096) -> Iterator[list[tuple[int, str | None, int, int]]]:
+        """[(chunk id, state file, first row, tokens)] in batches, for re-pooling."""
+        cur = self.db.execute("SELECT id, state_file, state_off, state_len FROM chunks ORDER BY id")
+        while rows := cur.fetchmany(batch):
+            yield rows
+
+    def set_vectors(self, ids: np.ndarray, vectors: np.ndarray) -> None:
+        self.db.executemany("UPDATE chunks SET vector = ? WHERE id = ?",
+                            [(np.ascontiguousarray(v, np.float32).tobytes(), int(i)) for i, v in zip(ids, vectors)])
+
+    def state_files(self) -> set[str]:
+        return {r[0] for r in self.db.execute("SELECT DISTINCT state_file FROM chunks WHERE state_file IS NOT NULL")}
 
     def counts(self) -> dict[str, int]:
         files, docs = self.db.execute("SELECT COUNT(*), COALESCE(SUM(documents), 0) FROM files").fetchone()

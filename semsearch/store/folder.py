@@ -11,6 +11,8 @@ import fcntl
 import os
 import json
 import sqlite3
+
+import numpy as np
 from pathlib import Path
 
 from semsearch.errors import IndexFormatError, IndexLocked
@@ -69,8 +71,33 @@ class IndexWriter:
         else:
             self.vectors = VectorIndex.create(dim, kind)
         self.docs = DocStore(self.folder / self.docs_file)
+        self.states_file = f"{self.gen}.f16"
+        self._states = None  # opened on first append_states()
+        self._states_rows = 0
+
+    # ---- kept token states: append-only raw fp16 files under states/, shared by generations ----
+    def append_states(self, states: np.ndarray) -> tuple[str, int, int]:
+        """Append one text's token states (T, D); gives back (file, first row, T) for its chunk row."""
+        if self._states is None:
+            (self.folder / "states").mkdir(exist_ok=True)
+            self._states = open(self.folder / "states" / self.states_file, "wb")  # truncates an interrupted run's leftover
+        ref = (self.states_file, self._states_rows, int(states.shape[0]))
+        self._states.write(np.ascontiguousarray(states, np.float16).tobytes())
+        self._states_rows += int(states.shape[0])
+        return ref
+
+    def read_states(self, file: str, dim: int) -> np.ndarray:
+        """A memory map (rows, dim) fp16 of a states file."""
+        if self._states is not None and file == self.states_file:
+            self._states.flush()
+        return np.memmap(self.folder / "states" / file, dtype=np.float16, mode="r").reshape(-1, dim)
 
     def commit(self, manifest: Manifest) -> None:
+        if self._states is not None:
+            self._states.flush()
+            os.fsync(self._states.fileno())
+            self._states.close()
+        used_states = self.docs.state_files()
         self.docs.commit()
         self.docs.close()
         self.vectors.save(self.folder / self.vectors_file)
@@ -80,13 +107,19 @@ class IndexWriter:
         manifest.created = manifest.created or manifest.updated
         manifest.save(self.folder)
         self._clean(keep=set(manifest.files.values()))
+        if (self.folder / "states").is_dir():
+            for p in (self.folder / "states").iterdir():
+                if p.name not in used_states:
+                    p.unlink()
         self._release()
 
     def abort(self) -> None:
         try:
             self.docs.close()
         finally:
-            for f in (self.docs_file, self.vectors_file):
+            if self._states is not None:
+                self._states.close()
+            for f in (self.docs_file, self.vectors_file, f"states/{self.states_file}"):
                 (self.folder / f).unlink(missing_ok=True)
             self._release()
 
