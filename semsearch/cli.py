@@ -81,10 +81,17 @@ def main(verbose: bool) -> None:
 @click.option("--skip-errors", is_flag=True, help="Skip malformed CSV/JSONL lines with a warning instead of stopping.")
 @click.option("--rebuild", is_flag=True, help="Build the index anew (e.g. with another model or pooling) instead of updating it.")
 @click.option("--keep-states", is_flag=True, help="Keep every chunk's fp16 token states (768 bytes a token for MiniLM) so a new --pooling or --head re-pools the index without re-encoding.")
+@click.option("--index-type", type=click.Choice(["auto", "flat", "ivf", "ivf-sq8", "hnsw"]), default="auto", show_default=True,
+              help="FAISS index. auto: exact (flat) below 50,000 chunks, else IVF (IVF-SQ8 under --max-bytes-per-vector).")
+@click.option("--target-recall", type=click.FloatRange(0.0, 1.0), default=0.95, show_default=True,
+              help="Approximate indexes: tune the search knob (nprobe / efSearch) to the cheapest setting with this recall@10 against exact search.")
+@click.option("--max-bytes-per-vector", type=click.IntRange(min=1), default=None,
+              help="Memory budget a vector for auto: e.g. 500 picks IVF-SQ8 (~392 B for 384-d) over full vectors (1,544 B).")
 @click.option("--progress/--no-progress", default=None, help="Progress bar. Default: shown on a terminal.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @handle_errors
-def index(corpus, index, model, pooling, head, device, precision, chunk_tokens, overlap, text_column, skip_errors, rebuild, keep_states, progress, as_json):
+def index(corpus, index, model, pooling, head, device, precision, chunk_tokens, overlap, text_column, skip_errors, rebuild, keep_states,
+          index_type, target_recall, max_bytes_per_vector, progress, as_json):
     """Index the files under CORPUS (a folder or one file) into an index folder.
 
     Reads .txt .md .rst .csv .tsv .jsonl .json .parquet, recursively; hidden and binary files are
@@ -93,7 +100,7 @@ def index(corpus, index, model, pooling, head, device, precision, chunk_tokens, 
     """
     from semsearch.corpus import ChunkSettings, ReadOptions
     from semsearch.encoder.encoder import Encoder
-    from semsearch.indexing import index_corpus, load_base
+    from semsearch.indexing import VectorSettings, index_corpus, load_base
     from semsearch.store import index_path
 
     folder = index_path(index)
@@ -127,7 +134,9 @@ def index(corpus, index, model, pooling, head, device, precision, chunk_tokens, 
         if base is not None:
             d = ChunkSettings(**base.chunking)
         chunking = ChunkSettings(chunk_tokens if chunk_tokens is not None else d.window, overlap if overlap is not None else d.overlap)
-    report = index_corpus(corpus, folder, enc, chunking, ReadOptions(text_column, skip_errors), rebuild, progress, keep_states=keep_states)
+    vs = VectorSettings(index_type=index_type, target_recall=target_recall, max_bytes_per_vector=max_bytes_per_vector)
+    report = index_corpus(corpus, folder, enc, chunking, ReadOptions(text_column, skip_errors), rebuild, progress,
+                          keep_states=keep_states, vectors=vs)
     if as_json:
         click.echo(json.dumps(report.as_dict(), indent=2))
     else:
@@ -218,9 +227,12 @@ def info(index, as_json):
         ("last run", f"{last.get('added', 0)} added, {last.get('updated', 0)} updated, {last.get('removed', 0)} removed, "
                      f"{last.get('unchanged', 0)} unchanged; {last.get('chunks', 0)} chunks in {last.get('seconds', 0):.1f} s"),
     ]
-    for extra in ("recall", "params"):
-        if extra in m.index:
-            rows.append((f"index {extra}", json.dumps(m.index[extra])))
+    if m.index.get("params"):
+        rows.append(("index params", json.dumps(m.index["params"])))
+    if m.index.get("recall"):
+        r = m.index["recall"]
+        rows.append(("index recall", f"{r['recall']:.3f} recall@{r['k']} against exact search on {r['queries']} queries "
+                                     f"(target {r['target']}{', ' + r['knob'] + '=' + str(r['value']) if 'knob' in r else ''})"))
     w = max(len(k) for k, _ in rows)
     for key, val in rows:
         click.echo(f"{key:<{w}}  {val}")

@@ -13,6 +13,7 @@ from semsearch.corpus.chunking import ChunkSettings, chunk_text, line_of
 from semsearch.corpus.readers import ReadOptions, Skip, read_documents
 from semsearch.corpus.walk import file_hash, walk
 from semsearch.progress import bar as progress_bar
+from semsearch.encoder.models import weight_stats
 from semsearch.errors import IndexFormatError, InputError, SettingsMismatch
 from semsearch.store.docstore import ChunkRow
 from semsearch.store.folder import IndexWriter, now
@@ -100,7 +101,7 @@ def repool(writer: IndexWriter, encoder, batch: int = 256) -> int:
 
     from semsearch.store.vectors import VectorIndex
 
-    fresh = VectorIndex.create(encoder.out_dim, writer.vectors.kind)
+    fresh = VectorIndex.create(encoder.out_dim, "flat")  # finalize_vectors() rebuilds other types
     maps: dict[str, np.ndarray] = {}
     n = 0
     for refs in writer.docs.iter_states_refs(batch):
@@ -125,6 +126,53 @@ def repool(writer: IndexWriter, encoder, batch: int = 256) -> int:
     return n
 
 
+@dataclass
+class VectorSettings:
+    index_type: str = "auto"  # auto | flat | ivf | ivf-sq8 | hnsw
+    target_recall: float = 0.95  # recall@k against exact search that the search knob is tuned to
+    k: int = 10
+    max_bytes_per_vector: int | None = None
+    tune_queries: np.ndarray | None = None  # real query vectors; else held-out corpus vectors
+    sample: int = 500
+
+
+def finalize_vectors(writer: IndexWriter, dim: int, vs: VectorSettings, base: Manifest | None) -> dict[str, Any]:
+    """Pick the index type for the current size, (re)build it from the docstore where needed,
+    tune its search knob to the recall target; gives back the manifest's `index` entry."""
+    from semsearch.store.vectors import VectorIndex, bytes_per_vector, choose_type, exact_knn, tune
+
+    n = writer.docs.counts()["chunks"]
+    requested = vs.index_type
+    if requested == "auto" and base is not None and base.index.get("forced"):
+        requested = base.index["type"]  # a type the user forced stays until they ask otherwise
+    kind = choose_type(requested, n, dim, vs.max_bytes_per_vector)
+    vi = writer.vectors
+    trained_on = (base.index.get("trained_on", 0) if base else 0) if vi.kind == kind else 0
+    rebuild = vi.kind != kind or vi.dirty or (kind in ("ivf", "ivf-sq8") and n > 4 * max(trained_on, 1))
+    t0 = time.perf_counter()
+    if rebuild:
+        log.info("building a %s index over %d vectors", kind, n)
+        params = {} if vi.kind != kind else {k: v for k, v in vi.params.items() if k in ("M", "efConstruction")}
+        vi = writer.vectors = VectorIndex.build(dim, kind, writer.docs.iter_vectors(), n, params)
+        trained_on = n
+    entry: dict[str, Any] = {"type": kind, "forced": vs.index_type != "auto", "params": vi.params,
+                             "trained_on": trained_on, "bytes_per_vector": bytes_per_vector(kind, dim)}
+    if kind != "flat" and n > vs.k:
+        rng = np.random.default_rng(0)
+        if vs.tune_queries is not None and len(vs.tune_queries):
+            queries, self_ids = np.ascontiguousarray(vs.tune_queries, np.float32), None
+        else:  # held-out corpus vectors: each query's own vector is excluded from both lists
+            ids, vecs = zip(*writer.docs.iter_vectors())
+            all_ids, all_vecs = np.concatenate(ids), np.concatenate(vecs)
+            pick = rng.choice(n, min(vs.sample, n), replace=False)
+            queries, self_ids = all_vecs[pick], all_ids[pick]
+        exact = exact_knn(queries, writer.docs.iter_vectors(), vs.k, self_ids)
+        entry["recall"] = tune(vi, queries, exact, vs.k, vs.target_recall, self_ids)
+        entry["params"] = vi.params
+    entry["build_seconds"] = round(time.perf_counter() - t0, 2)
+    return entry
+
+
 def index_corpus(
     corpus: Path,
     folder: Path,
@@ -135,6 +183,7 @@ def index_corpus(
     progress: bool | None = None,
     flush_chunks: int = 512,
     keep_states: bool = False,
+    vectors: VectorSettings | None = None,
 ) -> IndexReport:
     """Index (or incrementally update) `folder` from the files under `corpus`."""
     t0 = time.perf_counter()
@@ -159,6 +208,7 @@ def index_corpus(
             report.repooled = repool(writer, encoder)
             report.repool_seconds = round(time.perf_counter() - t, 2)
         _update(writer, found.files, corpus.resolve(), encoder, chunking, read, report, progress, flush_chunks, keep_states)
+        index_entry = finalize_vectors(writer, encoder.out_dim, vectors or VectorSettings(), base)
         counts = writer.docs.counts()
         manifest = Manifest(
             model=encoder.name, model_fingerprint=encoder.fingerprint, backend=encoder.backend,
@@ -166,7 +216,8 @@ def index_corpus(
             precision=encoder.precision, chunking={"window": chunking.window, "overlap": chunking.overlap},
             head=getattr(encoder, "head_info", None), counts=counts,
             states={"dtype": "float16", "dim": encoder.dim} if keep_states else None,
-            created=base.created if base else "",
+            model_files=weight_stats(encoder.folder) if getattr(encoder, "folder", None) else {},
+            created=base.created if base else "", index=index_entry,
         )
         report.totals = counts
         report.seconds = time.perf_counter() - t0

@@ -78,20 +78,7 @@ class Retriever:
         if pooling is not None and pooling != m.pooling:
             raise SettingsMismatch(f"{folder} was built with pooling {m.pooling!r}, not {pooling!r}; query it without --pooling, or rebuild it")
         if encoder is None:
-            from semsearch.encoder.encoder import Encoder, resolve_model
-            from semsearch.train.head import load_head
-
-            if model is not None and resolve_model(model)[0] != m.model:
-                raise SettingsMismatch(f"{folder} was built with model {m.model!r}, not {model!r}; query it without --model, or rebuild it")
-            head = None
-            if m.head:
-                from semsearch.train.head import head_info
-
-                head = load_head(m.head["path"])
-                if head_info(m.head["path"])["fingerprint"] != m.head["fingerprint"]:
-                    raise SettingsMismatch(f"the pooling head at {m.head['path']} changed since {folder} was built; re-pool the index with `semsearch index CORPUS --head DIR`")
-            encoder = Encoder(m.model, pooling=m.pooling, device=device, max_length=m.max_length, head=head)
-            encoder.head_info = m.head
+            encoder = _query_encoder(folder, m, model, device)
         if encoder.fingerprint != m.model_fingerprint:
             raise SettingsMismatch(
                 f"the model {m.model!r} now has weights {encoder.fingerprint}, but {folder} was built with "
@@ -139,3 +126,31 @@ class Retriever:
 
     def close(self) -> None:
         self.docs.close()
+
+
+def _query_encoder(folder: Path, m, model: str | None, device: str):
+    """The encoder for queries on index m: torch-free where the model runs natively on the CPU."""
+    from semsearch.encoder.models import fingerprint_folder, resolve_model, weight_stats
+
+    if model is not None and resolve_model(model)[0] != m.model:
+        raise SettingsMismatch(f"{folder} was built with model {m.model!r}, not {model!r}; query it without --model, or rebuild it")
+    if m.head:
+        from semsearch.train.head import head_info
+
+        if head_info(m.head["path"])["fingerprint"] != m.head["fingerprint"]:
+            raise SettingsMismatch(f"the pooling head at {m.head['path']} changed since {folder} was built; "
+                                   "re-pool the index with `semsearch index CORPUS --head DIR`")
+    _, where = resolve_model(m.model)
+    if m.backend == "native" and isinstance(where, Path) and device != "cuda":
+        from semsearch.encoder.numpy_encoder import NumpyEncoder
+
+        # Trust the recorded fingerprint while the weight files keep their size and time (as git does).
+        fp = m.model_fingerprint if m.model_files and weight_stats(where) == m.model_files else fingerprint_folder(where)
+        return NumpyEncoder(where, m.model, fp, m.pooling, m.max_length, m.head["path"] if m.head else None)
+    from semsearch.encoder.encoder import Encoder
+    from semsearch.train.head import load_head
+
+    enc = Encoder(m.model, pooling=m.pooling, device=device, max_length=m.max_length,
+                  head=load_head(m.head["path"]) if m.head else None)
+    enc.head_info = m.head
+    return enc

@@ -200,3 +200,72 @@ def test_no_pickle_in_index(sample_index):
     vec = np.frombuffer(db.execute("SELECT vector FROM chunks LIMIT 1").fetchone()[0], np.float32)
     assert vec.shape == (384,) and abs(np.linalg.norm(vec) - 1) < 1e-5
     assert not any(p.suffix in (".pkl", ".pickle") for p in sample_index.iterdir())
+
+
+@pytest.mark.parametrize("kind", ["ivf", "ivf-sq8", "hnsw"])
+def test_approximate_index_types_update_delete_and_tune(kind, tmp_path, fake_encoder):
+    """Every index type keeps working through incremental updates and deletes, and records its
+    tuned knob and measured recall in the manifest."""
+    from semsearch.indexing import VectorSettings
+
+    root = tmp_path / "c"
+    root.mkdir()
+    words = [f"w{i}" for i in range(300)]
+    rng = np.random.default_rng(0)
+    for f in range(60):
+        (root / f"f{f}.txt").write_text(" ".join(rng.choice(words, 12)))
+    folder = tmp_path / "idx"
+    vs = VectorSettings(index_type=kind, target_recall=0.9)
+    index_corpus(root, folder, fake_encoder, vectors=vs)
+    m = Manifest.load(folder)
+    assert m.index["type"] == kind and m.index["recall"]["recall"] >= 0.9
+    knob = {"ivf": "nprobe", "ivf-sq8": "nprobe", "hnsw": "efSearch"}[kind]
+    assert m.index["params"][knob] == m.index["recall"]["value"]
+
+    (root / "f0.txt").unlink()
+    (root / "f1.txt").write_text("brand new words zebra quokka")
+    rep = index_corpus(root, folder, fake_encoder, vectors=VectorSettings(target_recall=0.9))  # auto keeps the forced type
+    assert (rep.removed, rep.updated) == (1, 1)
+    r = Retriever.load(folder, encoder=fake_encoder)
+    assert r.manifest.index["type"] == kind and len(r) == 59
+    assert "f0.txt" not in {h.source.split("/")[-1] for h in r.search("anything", k=100)}
+    assert r.search("zebra quokka", k=1)[0].source.endswith("f1.txt")
+
+
+def test_auto_type_follows_size_and_memory_budget():
+    from semsearch.store.vectors import choose_type
+
+    assert choose_type("auto", 1000, 384) == "flat"
+    assert choose_type("auto", 2_000_000, 384) == "ivf"
+    assert choose_type("auto", 2_000_000, 384, max_bytes_per_vector=500) == "ivf-sq8"
+    assert choose_type("auto", 1000, 384, max_bytes_per_vector=500) == "ivf-sq8"
+    with pytest.raises(Exception, match="valid types are"):
+        choose_type("lsh", 10, 384)
+
+
+def test_numpy_query_encoder_equals_torch_encoder(real_encoder, sample_index):
+    from semsearch.encoder.numpy_encoder import NumpyEncoder
+
+    texts = ["loan approval", "What happens after I apply for a home loan?", "word " * 300]
+    r = Retriever.load(sample_index)
+    assert isinstance(r.encoder, NumpyEncoder)  # the query path needs no torch
+    assert np.abs(r.encoder.encode(texts) - real_encoder.encode(texts)).max() < 1e-5
+    for pooling in ("cls", "max"):
+        ne = NumpyEncoder(real_encoder.folder, "x", "y", pooling, 256)
+        from semsearch.encoder import Encoder
+
+        assert np.abs(ne.encode(texts) - Encoder(pooling=pooling, precision="fp32", device="cpu").encode(texts)).max() < 1e-5
+
+
+def test_query_process_does_not_import_torch(sample_index):
+    import subprocess
+    import sys
+
+    code = ("import sys; from semsearch.cli import main; "
+            f"sys.argv=['semsearch','query','loan approval','--index',{str(sample_index)!r},'--json','-k','2']; "
+            "import contextlib, io\n"
+            "try:\n    main()\nexcept SystemExit:\n    pass\n"
+            "assert 'torch' not in sys.modules, 'torch was imported'")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["hits"][0]["rank"] == 1

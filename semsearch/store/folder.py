@@ -32,7 +32,7 @@ def open_index(folder: Path) -> tuple[Manifest, VectorIndex, DocStore]:
     folder = Path(folder)
     m = Manifest.load(folder)
     try:
-        vectors = VectorIndex.load(folder / m.files["vectors"], m.index.get("type", "flat"))
+        vectors = VectorIndex.load(folder / m.files["vectors"], m.index.get("type", "flat"), m.index.get("params"))
         docs = DocStore(folder / m.files["docs"], readonly=True)
     except (KeyError, RuntimeError, sqlite3.Error) as e:
         raise IndexFormatError(f"{folder}: damaged index ({e}); rebuild it with --rebuild") from e
@@ -67,7 +67,7 @@ class IndexWriter:
             src.backup(dst)
             src.close()
             dst.close()
-            self.vectors = VectorIndex.load(self.folder / base.files["vectors"], base.index.get("type", "flat"))
+            self.vectors = VectorIndex.load(self.folder / base.files["vectors"], base.index.get("type", "flat"), base.index.get("params"))
         else:
             self.vectors = VectorIndex.create(dim, kind)
         self.docs = DocStore(self.folder / self.docs_file)

@@ -24,6 +24,7 @@ class Manifest:
     precision: str
     chunking: dict[str, int]  # window, overlap
     head: dict[str, Any] | None = None  # {'path', 'fingerprint'} for pooling 'head'
+    model_files: dict[str, list[int]] = field(default_factory=dict)  # {file: [size, mtime_ns]}: skip re-hashing when unchanged
     states: dict[str, Any] | None = None  # {'dtype', 'dim'} when token states are kept (re-pooling)
     metric: str = "cosine"  # inner product of L2-normalised vectors, in [-1, 1]
     normalized: bool = True

@@ -151,7 +151,7 @@ def train_head(data: PairData, encoder, cfg: TrainConfig, cache_dir: Path | None
             opt.zero_grad()
             loss.backward()
             opt.step()
-            losses.append(float(loss))
+            losses.append(float(loss.detach()))
         head.eval()
         row = {"epoch": epoch, "loss": round(float(np.mean(losses)), 4)}
         if dev:

@@ -1,0 +1,162 @@
+"""A torch-free fp32 forward pass of the native encoder, for queries.
+
+A query is a handful of tokens: the work is tiny, and importing torch (1.5–3 s) would dominate a
+one-shot `semsearch query`. This mirrors transformer.py + pooling.py in numpy (same weights, same
+maths; tests hold it to the torch encoder within 1e-5) so the query path loads only numpy, faiss,
+tokenizers and safetensors.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from semsearch.errors import InputError, ModelError
+
+# erf by Abramowitz & Stegun 7.1.26 (|error| < 1.5e-7), since numpy has no erf of its own.
+_P, _A = 0.3275911, (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429)
+
+
+def _erf(x: np.ndarray) -> np.ndarray:
+    s = np.sign(x)
+    a = np.abs(x)
+    t = 1.0 / (1.0 + _P * a)
+    y = 1.0 - ((((_A[4] * t + _A[3]) * t + _A[2]) * t + _A[1]) * t + _A[0]) * t * np.exp(-a * a)
+    return s * y
+
+
+def _gelu(x: np.ndarray) -> np.ndarray:
+    return 0.5 * x * (1.0 + _erf(x / np.sqrt(2.0)))
+
+
+def _layer_norm(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
+    mu = x.mean(-1, keepdims=True)
+    var = ((x - mu) ** 2).mean(-1, keepdims=True)
+    return (x - mu) / np.sqrt(var + eps) * w + b
+
+
+_NP_DTYPES = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "I64": np.int64, "I32": np.int32}
+
+
+def map_safetensors(path: Path) -> dict[str, np.ndarray]:
+    """Zero-copy read-only views of a safetensors file's tensors.
+
+    safetensors' own numpy loader reads and copies the whole file; a query touches a few rows of
+    the 47 MB word-embedding table, so mapping the file lazily saves most of the load time.
+    Format: 8-byte little-endian header size, a JSON header {name: {dtype, shape, data_offsets}}, data.
+    """
+    buf = np.memmap(path, dtype=np.uint8, mode="r")
+    n = int(buf[:8].view("<u8")[0])
+    header = json.loads(bytes(buf[8 : 8 + n]))
+    out = {}
+    for name, t in header.items():
+        if name == "__metadata__":
+            continue
+        if t["dtype"] not in _NP_DTYPES:
+            raise ModelError(f"{path}: tensor {name} has dtype {t['dtype']}, not supported by the numpy query encoder")
+        a, b = t["data_offsets"]
+        arr = buf[8 + n + a : 8 + n + b].view(_NP_DTYPES[t["dtype"]]).reshape(t["shape"])
+        out[name] = arr if arr.dtype == np.float32 else arr.astype(np.float32)
+    return out
+
+
+class NumpyEncoder:
+    """Same interface as Encoder.encode for the native BERT backend, fp32 on the CPU."""
+
+    backend = "native"
+    device = "cpu"
+    precision = "fp32"
+
+    def __init__(self, folder: Path, name: str, fingerprint: str, pooling: str, max_length: int, head_folder: str | None = None):
+        from tokenizers import Tokenizer
+
+        folder = Path(folder)
+        if not (folder / "config.json").exists():
+            raise ModelError(f"{folder}: not a model folder (no config.json)")
+        cfg = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        self.name, self.fingerprint, self.pooling, self.max_length = name, fingerprint, pooling, max_length
+        self.h = cfg["num_attention_heads"]
+        self.eps = cfg.get("layer_norm_eps", 1e-12)
+        self.tanh_gelu = cfg.get("hidden_act", "gelu") != "gelu"
+        sd = {k.removeprefix("bert."): v for k, v in map_safetensors(folder / "model.safetensors").items()}
+        self.dim = int(cfg["hidden_size"])
+        self.w = sd
+        self.L = int(cfg["num_hidden_layers"])
+        # Fused, pre-transposed weights: x @ W is one BLAS call per projection.
+        self.layers = []
+        for i in range(self.L):
+            p = f"encoder.layer.{i}."
+            qkv_w = np.concatenate([sd[p + f"attention.self.{n}.weight"] for n in ("query", "key", "value")]).T.copy()
+            qkv_b = np.concatenate([sd[p + f"attention.self.{n}.bias"] for n in ("query", "key", "value")])
+            self.layers.append((qkv_w, qkv_b,
+                                sd[p + "attention.output.dense.weight"].T, sd[p + "attention.output.dense.bias"],
+                                sd[p + "attention.output.LayerNorm.weight"], sd[p + "attention.output.LayerNorm.bias"],
+                                sd[p + "intermediate.dense.weight"].T, sd[p + "intermediate.dense.bias"],
+                                sd[p + "output.dense.weight"].T, sd[p + "output.dense.bias"],
+                                sd[p + "output.LayerNorm.weight"], sd[p + "output.LayerNorm.bias"]))
+        self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        self.tokenizer.no_padding()
+        self.tokenizer.enable_truncation(max_length=max_length)
+        self.head = _NumpyHead(head_folder) if pooling == "head" else None
+        if pooling == "head" and head_folder is None:
+            raise InputError("pooling 'head' needs a head folder")
+        self.out_dim = self.head.out_dim if self.head else self.dim
+
+    def _forward(self, ids: list[int]) -> np.ndarray:
+        """Token states (T, D) of one unpadded sequence (no mask needed)."""
+        T, D = len(ids), self.dim
+        sd = self.w
+        x = sd["embeddings.word_embeddings.weight"][ids] + sd["embeddings.position_embeddings.weight"][:T] + sd["embeddings.token_type_embeddings.weight"][0]
+        x = _layer_norm(x, sd["embeddings.LayerNorm.weight"], sd["embeddings.LayerNorm.bias"], self.eps)
+        h, d = self.h, D // self.h
+        for qkv_w, qkv_b, o_w, o_b, ln1_w, ln1_b, i_w, i_b, f_w, f_b, ln2_w, ln2_b in self.layers:
+            q, k, v = (x @ qkv_w + qkv_b).reshape(T, 3, h, d).transpose(1, 2, 0, 3)  # 3 × (h, T, d)
+            att = q @ k.transpose(0, 2, 1) / np.sqrt(d)  # (h, T, T)
+            att = np.exp(att - att.max(-1, keepdims=True))
+            att /= att.sum(-1, keepdims=True)
+            a = (att @ v).transpose(1, 0, 2).reshape(T, D)
+            x = _layer_norm(x + a @ o_w + o_b, ln1_w, ln1_b, self.eps)
+            f = x @ i_w + i_b
+            f = 0.5 * f * (1 + np.tanh(np.sqrt(2 / np.pi) * (f + 0.044715 * f**3))) if self.tanh_gelu else _gelu(f)
+            x = _layer_norm(x + f @ f_w + f_b, ln2_w, ln2_b, self.eps)
+        return x
+
+    def _pool(self, states: np.ndarray) -> np.ndarray:
+        if self.pooling == "cls":
+            return states[0]
+        if self.pooling == "mean":
+            return states.mean(0)
+        if self.pooling == "max":
+            return states.max(0)
+        return self.head(states)
+
+    def encode(self, texts: Sequence[str] | str, progress: bool | None = None) -> np.ndarray:
+        """(n, D) L2-normalised float32 vectors, one sequence at a time (no padding at all)."""
+        if isinstance(texts, str):
+            texts = [texts]
+        out = np.zeros((len(texts), self.out_dim), np.float32)
+        for i, enc in enumerate(self.tokenizer.encode_batch(list(texts))):
+            v = self._pool(self._forward(enc.ids))
+            out[i] = v / max(float(np.linalg.norm(v)), 1e-12)
+        return out
+
+
+class _NumpyHead:
+    """AttentionHead's forward in numpy (see pooling.py)."""
+
+    def __init__(self, folder: str):
+        from safetensors.numpy import load_file
+
+        w = load_file(str(Path(folder) / "head.safetensors"))
+        self.score_w = w["score.weight"].astype(np.float32)[0]  # (D,)
+        self.score_b = float(w["score.bias"][0])
+        self.proj = w["proj.weight"].astype(np.float32).T.copy() if "proj.weight" in w else None
+        self.out_dim = self.proj.shape[1] if self.proj is not None else self.score_w.shape[0]
+
+    def __call__(self, states: np.ndarray) -> np.ndarray:
+        s = states @ self.score_w + self.score_b  # (T,)
+        w = np.exp(s - s.max())
+        v = (w / w.sum()) @ states  # (D,)
+        return v @ self.proj if self.proj is not None else v
