@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -44,7 +43,7 @@ class Encoder:
         device: str = "auto",
         precision: str = "auto",
         max_length: int | None = None,
-        batch_tokens: int = 8192,
+        batch_tokens: int = 4096,
         head: AttentionHead | None = None,
     ):
         self.pooling = pooling if pooling == "head" else check_pooling(pooling)
@@ -84,7 +83,9 @@ class Encoder:
         self.tokenizer.no_padding()
         self.tokenizer.enable_truncation(max_length=self.max_length)
         self.fingerprint = fingerprint_folder(folder)
-        if self.precision != "fp32" and self.device == "cuda":
+        if self.precision != "fp32":
+            # Weights in bf16/fp16 outright rather than autocast: no per-call weight casts, and on
+            # CPUs with AMX the matmuls run on its bf16 tiles (measured: 72.6 vs 53 docs/s autocast).
             self.model.to(_DTYPES[self.precision])
 
     def _load_st(self, where: Path | str, max_length: int | None) -> None:
@@ -125,11 +126,6 @@ class Encoder:
             self._chunk_tokenizer.no_truncation()
         return self._chunk_tokenizer.encode(text, add_special_tokens=False).offsets
 
-    def _autocast(self):
-        if self.device == "cpu" and self.precision == "bf16":
-            return torch.autocast("cpu", dtype=torch.bfloat16)
-        return nullcontext()
-
     def iter_states(self, texts: Sequence[str], progress: bool | None = None) -> Iterator[Batch]:
         """Token states for texts, in length-sorted batches of about batch_tokens tokens."""
         if self.backend != "native":
@@ -139,9 +135,11 @@ class Encoder:
         order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
         bar = progress_bar(len(ids), "embedding", "text", progress)
         start = 0
-        with torch.inference_mode(), self._autocast():
+        with torch.inference_mode():
             while start < len(order):
-                T = len(ids[order[start]])
+                # Pad T up to a multiple of 32: a handful of distinct shapes instead of one per batch,
+                # so oneDNN reuses its compiled kernels (per-shape kernel creation cost ~40% here).
+                T = min(-(-len(ids[order[start]]) // 32) * 32, self.max_length)
                 B = max(1, min(len(order) - start, self.batch_tokens // max(T, 1)))
                 idx = order[start : start + B]
                 start += B
