@@ -77,7 +77,7 @@ def main(verbose: bool) -> None:
               help="Encoder arithmetic. auto: bf16 on CPUs with AMX/AVX-512-BF16, fp16 on GPUs, else fp32.")
 @click.option("--chunk-tokens", type=int, default=None, help="Tokens per chunk. Default: the model's max length - 2 (254).")
 @click.option("--overlap", type=int, default=None, help="Tokens shared by consecutive chunks. Default: 32.")
-@click.option("--text-column", default=None, help="Column (CSV/TSV/Parquet) or field (JSON/JSONL) holding the text. Default: found automatically.")
+@click.option("--text-column", default=None, help="Column (CSV/TSV/Parquet) or field (JSON/JSONL) holding the text; 'title,text' joins several. Default: found automatically.")
 @click.option("--skip-errors", is_flag=True, help="Skip malformed CSV/JSONL lines with a warning instead of stopping.")
 @click.option("--rebuild", is_flag=True, help="Build the index anew (e.g. with another model or pooling) instead of updating it.")
 @click.option("--keep-states", is_flag=True, help="Keep every chunk's fp16 token states (768 bytes a token for MiniLM) so a new --pooling or --head re-pools the index without re-encoding.")

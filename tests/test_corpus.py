@@ -606,3 +606,13 @@ def test_chunk_settings_check_rejects_bad_values(window, overlap, match):
 def test_chunk_settings_check_accepts_boundaries(window, overlap):
     s = ChunkSettings(window=window, overlap=overlap)
     assert s.check(256) is s
+
+
+def test_several_text_fields_are_joined(tmp_path):
+    p = tmp_path / "c.jsonl"
+    p.write_text('{"_id": "1", "title": "Loans", "text": "Banks approve them."}\n{"_id": "2", "text": "No title here."}\n')
+    docs = read(p, text_column="title,text")
+    assert [d.text for d in docs] == ["Loans Banks approve them.", "No title here."]
+    assert docs[0].metadata == {"_id": "1"}
+    with pytest.raises(CorpusError, match="no field 'body'"):
+        read(p, text_column="title,body")

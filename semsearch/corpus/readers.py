@@ -69,8 +69,9 @@ def _read_text(path: Path) -> str:
 
 def _pick_text_field(path: Path, fields: list[str], sample: list[dict], wanted: str | None, what: str) -> str:
     if wanted is not None:
-        if wanted not in fields:
-            raise CorpusError(f"{path}: no {what} {wanted!r}; it has: {', '.join(map(str, fields))}")
+        for w in wanted.split(","):  # "title,text": several fields joined with a space
+            if w not in fields:
+                raise CorpusError(f"{path}: no {what} {w!r}; it has: {', '.join(map(str, fields))}")
         return wanted
     lower = {str(f).lower(): f for f in fields}
     for name in TEXT_FIELD_NAMES:
@@ -92,11 +93,14 @@ def _pick_text_field(path: Path, fields: list[str], sample: list[dict], wanted: 
 
 
 def _to_document(rec: dict, key: str, row: int) -> Document | None:
-    text = rec.get(key)
-    if text is None or (isinstance(text, float) and text != text):  # missing or NaN
+    keys = key.split(",") if key not in rec else [key]
+    vals = [rec.get(k) for k in keys]
+    vals = [v for v in vals if v is not None and not (isinstance(v, float) and v != v)]  # missing or NaN
+    if not vals:
         return None
-    meta = {str(k): _plain(v) for k, v in rec.items() if k != key}
-    return Document(str(text), row=row, metadata=meta)
+    text = " ".join(str(v).strip() for v in vals if str(v).strip())
+    meta = {str(k): _plain(v) for k, v in rec.items() if k not in keys}
+    return Document(text, row=row, metadata=meta)
 
 
 def _plain(v: Any) -> Any:
