@@ -112,9 +112,15 @@ def main() -> None:
 
     k = 10
     t0 = time.perf_counter()
-    real, qv = real_embeddings(Path(args.data), Path(args.index) if args.index else None)
-    comps = fit_generator(real)
-    xb = sample(comps, args.n)
+    cache = Path(args.out).with_name(f"bench_index_vectors_{args.n}.npz")
+    if cache.exists():  # the generated set of an earlier run (same seed): skip regenerating
+        z = np.load(cache)
+        real, qv, xb = z["real"], z["queries"], z["xb"]
+    else:
+        real, qv = real_embeddings(Path(args.data), Path(args.index) if args.index else None)
+        xb = sample(fit_generator(real), args.n)
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        np.savez(cache, real=real, queries=qv, xb=xb)
     ids = np.arange(args.n, dtype=np.int64)
     t_gen = time.perf_counter() - t0
     tune_q, eval_q = qv[0::2], qv[1::2]

@@ -81,8 +81,8 @@ def main(verbose: bool) -> None:
 @click.option("--skip-errors", is_flag=True, help="Skip malformed CSV/JSONL lines with a warning instead of stopping.")
 @click.option("--rebuild", is_flag=True, help="Build the index anew (e.g. with another model or pooling) instead of updating it.")
 @click.option("--keep-states", is_flag=True, help="Keep every chunk's fp16 token states (768 bytes a token for MiniLM) so a new --pooling or --head re-pools the index without re-encoding.")
-@click.option("--index-type", type=click.Choice(["auto", "flat", "ivf", "ivf-sq8", "hnsw"]), default="auto", show_default=True,
-              help="FAISS index. auto: exact (flat) below 50,000 chunks, else IVF (IVF-SQ8 under --max-bytes-per-vector).")
+@click.option("--index-type", type=click.Choice(["auto", "flat", "ivf", "ivf-fastscan", "ivf-sq8", "hnsw"]), default="auto", show_default=True,
+              help="FAISS index. auto: exact (flat) below 50,000 chunks, else IVF fast scan with exact re-ranking (IVF-SQ8 under --max-bytes-per-vector).")
 @click.option("--target-recall", type=click.FloatRange(0.0, 1.0), default=0.95, show_default=True,
               help="Approximate indexes: tune the search knob (nprobe / efSearch) to the cheapest setting with this recall@10 against exact search.")
 @click.option("--max-bytes-per-vector", type=click.IntRange(min=1), default=None,
@@ -98,9 +98,8 @@ def index(corpus, index, model, pooling, head, device, precision, chunk_tokens, 
     skipped. Running it again re-embeds only new or changed files and removes deleted ones.
     Writes are atomic: an interrupted run leaves the previous index usable.
     """
-    from semsearch.corpus import ChunkSettings, ReadOptions
-    from semsearch.encoder.encoder import Encoder
-    from semsearch.indexing import VectorSettings, index_corpus, load_base
+    from semsearch.corpus import ReadOptions
+    from semsearch.indexing import VectorSettings, encoder_for_index, index_corpus, load_base, resolve_chunking
     from semsearch.store import index_path
 
     folder = index_path(index)
@@ -108,32 +107,9 @@ def index(corpus, index, model, pooling, head, device, precision, chunk_tokens, 
         raise click.ClickException(f"corpus path {str(corpus)!r} does not exist")
     if pooling and len(pooling) > 1:
         raise click.BadParameter("index takes one pooling", param_hint="--pooling")
-    base = load_base(folder, rebuild) if (folder / "manifest.json").exists() else None
-    head_mod = head_info = None
-    if head is not None:
-        from semsearch.train.head import head_info as _info, load_head
-
-        head_mod, head_info = load_head(head), _info(head)
-        pool = "head"
-    else:
-        pool = pooling[0] if pooling else (base.pooling if base else "mean")
-    if base is not None and base.pooling == "head" and head is None and not pooling:
-        from semsearch.train.head import load_head
-
-        head_mod, head_info, pool = load_head(base.head["path"]), base.head, "head"
-    enc = Encoder(
-        model if model else (base.model if base else None), pooling=pool, device=device, precision=precision,
-        max_length=base.max_length if base and not model else None, head=head_mod,
-    )
-    enc.head_info = head_info
-    if head is not None:
-        load_head(head, enc.fingerprint)  # refuses a head trained on other weights
-    chunking = None
-    if chunk_tokens is not None or overlap is not None or base is None:
-        d = ChunkSettings(window=enc.max_length - 2)
-        if base is not None:
-            d = ChunkSettings(**base.chunking)
-        chunking = ChunkSettings(chunk_tokens if chunk_tokens is not None else d.window, overlap if overlap is not None else d.overlap)
+    base = load_base(folder, rebuild)
+    enc = encoder_for_index(base, model, pooling[0] if pooling else None, head, device, precision)
+    chunking = resolve_chunking(base, enc, chunk_tokens, overlap)
     vs = VectorSettings(index_type=index_type, target_recall=target_recall, max_bytes_per_vector=max_bytes_per_vector)
     report = index_corpus(corpus, folder, enc, chunking, ReadOptions(text_column, skip_errors), rebuild, progress,
                           keep_states=keep_states, vectors=vs)

@@ -1,6 +1,7 @@
 """The indexing pipeline: walk -> read -> chunk -> encode -> FAISS + SQLite, incrementally."""
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -14,7 +15,7 @@ from semsearch.corpus.readers import ReadOptions, Skip, read_documents
 from semsearch.corpus.walk import file_hash, walk
 from semsearch.progress import bar as progress_bar
 from semsearch.encoder.models import weight_stats
-from semsearch.errors import IndexFormatError, InputError, SettingsMismatch
+from semsearch.errors import CorpusError, InputError, SettingsMismatch
 from semsearch.store.docstore import ChunkRow
 from semsearch.store.folder import IndexWriter, now
 from semsearch.store.manifest import Manifest
@@ -62,6 +63,34 @@ def load_base(folder: Path, rebuild: bool) -> Manifest | None:
     if rebuild or not (folder / "manifest.json").exists():
         return None
     return Manifest.load(folder)
+
+
+def encoder_for_index(base: Manifest | None, model: str | None = None, pooling: str | None = None,
+                      head: Path | None = None, device: str = "auto", precision: str = "auto"):
+    """The encoder to (re)index with: what was asked for, else the index's own settings, else the
+    defaults (bundled model, mean pooling). A head must have been trained on the same weights."""
+    from semsearch.encoder.encoder import Encoder
+    from semsearch.train.head import head_info, load_head
+
+    head_mod = info = None
+    if head is not None:
+        head_mod, info, pooling = load_head(head), head_info(head), "head"
+    elif pooling is None and base is not None:
+        pooling = base.pooling
+        if base.pooling == "head":
+            head_mod, info = load_head(base.head["path"]), base.head
+    enc = Encoder(model or (base.model if base else None), pooling=pooling or "mean", device=device, precision=precision,
+                  max_length=base.max_length if base and not model else None, head=head_mod)
+    enc.head_info = info
+    if head is not None:
+        load_head(head, enc.fingerprint)  # refuses a head trained on other weights
+    return enc
+
+
+def resolve_chunking(base: Manifest | None, encoder, window: int | None, overlap: int | None) -> ChunkSettings:
+    """Chunk settings: those given, else the index's, else the model's length with overlap 32."""
+    d = ChunkSettings(**base.chunking) if base is not None else ChunkSettings(window=encoder.max_length - 2)
+    return ChunkSettings(window if window is not None else d.window, overlap if overlap is not None else d.overlap)
 
 
 def check_settings(base: Manifest, encoder, chunking: ChunkSettings, folder: Path) -> bool:
@@ -139,7 +168,7 @@ class VectorSettings:
 def finalize_vectors(writer: IndexWriter, dim: int, vs: VectorSettings, base: Manifest | None) -> dict[str, Any]:
     """Pick the index type for the current size, (re)build it from the docstore where needed,
     tune its search knob to the recall target; gives back the manifest's `index` entry."""
-    from semsearch.store.vectors import VectorIndex, bytes_per_vector, choose_type, exact_knn, tune
+    from semsearch.store.vectors import IVF_TYPES, VectorIndex, bytes_per_vector, choose_type, exact_knn, tune
 
     n = writer.docs.counts()["chunks"]
     requested = vs.index_type
@@ -148,11 +177,11 @@ def finalize_vectors(writer: IndexWriter, dim: int, vs: VectorSettings, base: Ma
     kind = choose_type(requested, n, dim, vs.max_bytes_per_vector)
     vi = writer.vectors
     trained_on = (base.index.get("trained_on", 0) if base else 0) if vi.kind == kind else 0
-    rebuild = vi.kind != kind or vi.dirty or (kind in ("ivf", "ivf-sq8") and n > 4 * max(trained_on, 1))
+    rebuild = vi.kind != kind or vi.dirty or (kind in IVF_TYPES and n > 4 * max(trained_on, 1))
     t0 = time.perf_counter()
     if rebuild:
         log.info("building a %s index over %d vectors", kind, n)
-        params = {} if vi.kind != kind else {k: v for k, v in vi.params.items() if k in ("M", "efConstruction")}
+        params = {} if vi.kind != kind else {k: v for k, v in vi.params.items() if k in ("M", "efConstruction", "k_factor")}
         vi = writer.vectors = VectorIndex.build(dim, kind, writer.docs.iter_vectors(), n, params)
         trained_on = n
     entry: dict[str, Any] = {"type": kind, "forced": vs.index_type != "auto", "params": vi.params,
@@ -263,8 +292,11 @@ def _update(writer, files, root, encoder, chunking, read, report, progress, flus
             report.unchanged += 1
             bar.update(f.size)
             continue
+        # Stream the file's documents: the first one is read before the file is registered, so a
+        # file skipped as unreadable (checked up front by the readers) leaves nothing behind.
+        docs = _chunk_rows(f.path, encoder, chunking, read)
         try:
-            docs = list(_chunk_rows(f.path, encoder, chunking, read))
+            first = next(docs, None)
         except Skip as e:
             log.warning("skipped %s: %s", f.path, e)
             reason = str(e).split(" (")[0]
@@ -281,15 +313,18 @@ def _update(writer, files, root, encoder, chunking, read, report, progress, flus
             report.added += 1
         file_id = store.add_file(key, digest, f.size, f.mtime_ns, now())
         n_docs = 0
-        for doc_no, rows in docs:
-            n_docs += 1
-            for r in rows:
-                r.file_id = file_id
-                pending.append(r)
+        try:
+            for _, rows in itertools.chain([first] if first is not None else [], docs):
+                n_docs += 1
+                for r in rows:
+                    r.file_id = file_id
+                    pending.append(r)
+                if len(pending) >= flush_chunks:
+                    flush()
+        except Skip as e:  # readers check encodings up front; this would be a reader bug
+            raise CorpusError(f"{f.path}: {e}") from e
         store.set_documents(file_id, n_docs)
         report.documents += n_docs
-        if len(pending) >= flush_chunks:
-            flush()
         bar.update(f.size)
     flush()
     bar.close()

@@ -202,7 +202,7 @@ def test_no_pickle_in_index(sample_index):
     assert not any(p.suffix in (".pkl", ".pickle") for p in sample_index.iterdir())
 
 
-@pytest.mark.parametrize("kind", ["ivf", "ivf-sq8", "hnsw"])
+@pytest.mark.parametrize("kind", ["ivf", "ivf-fastscan", "ivf-sq8", "hnsw"])
 def test_approximate_index_types_update_delete_and_tune(kind, tmp_path, fake_encoder):
     """Every index type keeps working through incremental updates and deletes, and records its
     tuned knob and measured recall in the manifest."""
@@ -219,7 +219,7 @@ def test_approximate_index_types_update_delete_and_tune(kind, tmp_path, fake_enc
     index_corpus(root, folder, fake_encoder, vectors=vs)
     m = Manifest.load(folder)
     assert m.index["type"] == kind and m.index["recall"]["recall"] >= 0.9
-    knob = {"ivf": "nprobe", "ivf-sq8": "nprobe", "hnsw": "efSearch"}[kind]
+    knob = {"ivf": "nprobe", "ivf-fastscan": "nprobe", "ivf-sq8": "nprobe", "hnsw": "efSearch"}[kind]
     assert m.index["params"][knob] == m.index["recall"]["value"]
 
     (root / "f0.txt").unlink()
@@ -236,7 +236,7 @@ def test_auto_type_follows_size_and_memory_budget():
     from semsearch.store.vectors import choose_type
 
     assert choose_type("auto", 1000, 384) == "flat"
-    assert choose_type("auto", 2_000_000, 384) == "ivf"
+    assert choose_type("auto", 2_000_000, 384) == "ivf-fastscan"
     assert choose_type("auto", 2_000_000, 384, max_bytes_per_vector=500) == "ivf-sq8"
     assert choose_type("auto", 1000, 384, max_bytes_per_vector=500) == "ivf-sq8"
     with pytest.raises(Exception, match="valid types are"):
