@@ -146,7 +146,7 @@ def query(query, index, k, model, pooling, device, as_json, as_jsonl, width):
         raise InputError("no queries on stdin" if from_stdin else "the query is empty")
     if not from_stdin and not query.strip():
         raise InputError("the query is empty")
-    r = Retriever.load(index, model=model, pooling=pooling, device=device)
+    r = Retriever.load(index, model=model, pooling=pooling, device=device, fast_start=True)
     results = r.search_batch(queries, k)
     if as_jsonl:
         for q, hits in zip(queries, results):

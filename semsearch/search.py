@@ -68,17 +68,21 @@ class Retriever:
         pooling: str | None = None,
         device: str = "auto",
         encoder=None,
+        fast_start: bool = False,
     ) -> "Retriever":
         """Open an index folder (default: $SEMSEARCH_INDEX or ./indexes/default) for searching.
 
         `model` and `pooling`, when given, must match the index's; they are checks, not overrides.
+        `fast_start` encodes queries with a torch-free numpy copy of the encoder (for one-shot
+        processes: no 1.5-3 s torch import); otherwise the torch encoder (faster per query, in
+        bf16 on CPUs that have AMX) is used.
         """
         folder = index_path(index)
         m, vectors, docs = open_index(folder)
         if pooling is not None and pooling != m.pooling:
             raise SettingsMismatch(f"{folder} was built with pooling {m.pooling!r}, not {pooling!r}; query it without --pooling, or rebuild it")
         if encoder is None:
-            encoder = _query_encoder(folder, m, model, device)
+            encoder = _query_encoder(folder, m, model, device, fast_start)
         if encoder.fingerprint != m.model_fingerprint:
             raise SettingsMismatch(
                 f"the model {m.model!r} now has weights {encoder.fingerprint}, but {folder} was built with "
@@ -128,7 +132,7 @@ class Retriever:
         self.docs.close()
 
 
-def _query_encoder(folder: Path, m, model: str | None, device: str):
+def _query_encoder(folder: Path, m, model: str | None, device: str, fast_start: bool):
     """The encoder for queries on index m: torch-free where the model runs natively on the CPU."""
     from semsearch.encoder.models import fingerprint_folder, resolve_model, weight_stats
 
@@ -141,7 +145,7 @@ def _query_encoder(folder: Path, m, model: str | None, device: str):
             raise SettingsMismatch(f"the pooling head at {m.head['path']} changed since {folder} was built; "
                                    "re-pool the index with `semsearch index CORPUS --head DIR`")
     _, where = resolve_model(m.model)
-    if m.backend == "native" and isinstance(where, Path) and device != "cuda":
+    if fast_start and m.backend == "native" and isinstance(where, Path) and device != "cuda":
         from semsearch.encoder.numpy_encoder import NumpyEncoder
 
         # Trust the recorded fingerprint while the weight files keep their size and time (as git does).
