@@ -139,7 +139,9 @@ class Encoder:
             while start < len(order):
                 # Pad T up to a multiple of 32: a handful of distinct shapes instead of one per batch,
                 # so oneDNN reuses its compiled kernels (per-shape kernel creation cost ~40% here).
-                T = min(-(-len(ids[order[start]]) // 32) * 32, self.max_length)
+                T = len(ids[order[start]])
+                if len(order) > 16:  # a few texts (a query): padding would cost more than it saves
+                    T = min(-(-T // 32) * 32, self.max_length)
                 B = max(1, min(len(order) - start, self.batch_tokens // max(T, 1)))
                 idx = order[start : start + B]
                 start += B
