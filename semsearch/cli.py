@@ -62,6 +62,8 @@ def main(verbose: bool) -> None:
     semsearch index data/sample/          build ./indexes/default
     semsearch query "loan approval"       ranked hits as a table
     semsearch info                        what the index holds
+    semsearch eval DATASET --pooling cls,mean,max    retrieval quality on BEIR data
+    semsearch train --beir DATASET --out heads/x     train a pooling head
     """
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s: %(message)s", stream=sys.stderr)
 
