@@ -28,8 +28,3 @@ class SettingsMismatch(SemsearchError):
 
 class IndexLocked(SemsearchError):
     """Another process is writing the same index."""
-
-
-class MissingDependency(SemsearchError, ImportError):
-    """An optional package is needed for this feature."""
-

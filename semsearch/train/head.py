@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from semsearch.errors import InputError, ModelError
+from semsearch.errors import ModelError
 
 HEAD_FORMAT = "semsearch-head v1"
 
@@ -51,10 +51,3 @@ def load_head(folder: str | Path, base_fingerprint: str | None = None):
     head = AttentionHead(cfg["dim"], cfg.get("out_dim"))
     head.load_state_dict(load_file(str(folder / "head.safetensors")))
     return head.eval()
-
-
-def read_head_config(folder: str | Path) -> dict[str, Any]:
-    p = Path(folder) / "head.json"
-    if not p.exists():
-        raise InputError(f"{folder}: not a pooling head folder (no head.json)")
-    return json.loads(p.read_text(encoding="utf-8"))
