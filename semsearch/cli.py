@@ -298,21 +298,12 @@ def _subset(data, max_queries, max_docs):
 
 
 def _eval_encoder(model, pooling, heads, device, precision):
-    from semsearch.encoder.encoder import Encoder
     from semsearch.errors import InputError
+    from semsearch.indexing import encoder_for_index
 
     if len(heads) > 1:
         raise InputError("evaluate one --head at a time (it is compared with the --pooling baselines)")
-    head = head_info = None
-    if heads:
-        from semsearch.train.head import head_info as _info, load_head
-
-        head, head_info = load_head(heads[0]), _info(heads[0])
-    enc = Encoder(model, pooling="head" if head is not None else "mean", device=device, precision=precision, head=head)
-    if heads:
-        load_head(heads[0], enc.fingerprint)  # refuses a head trained on other weights
-    enc.head_info = head_info
-    return enc
+    return encoder_for_index(None, model, None, heads[0] if heads else None, device, precision)
 
 
 @main.command()

@@ -46,19 +46,18 @@ class BeirData:
 
 
 def _jsonl(path: Path):
+    """BEIR records (with an '_id') of a JSONL file, through the corpus reader's line parser."""
+    from semsearch.corpus.readers import ReadOptions, Skip, _records_from_lines
+
     if not path.exists():
         raise InputError(f"{path} not found (a BEIR folder has corpus.jsonl, queries.jsonl, qrels/<split>.tsv)")
-    with open(path, encoding="utf-8-sig") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-                if not isinstance(rec, dict) or "_id" not in rec:
-                    raise ValueError("expected a JSON object with an '_id'")
-            except ValueError as e:
-                raise CorpusError(f"{path}:{lineno}: malformed line: {e}") from e
+    try:
+        for lineno, rec in _records_from_lines(path, ReadOptions()):
+            if "_id" not in rec:
+                raise CorpusError(f"{path}:{lineno}: malformed line: expected a JSON object with an '_id'")
             yield rec
+    except Skip as e:
+        raise CorpusError(f"{path}: {e}") from e
 
 
 def read_qrels(path: Path) -> dict[str, dict[str, int]]:

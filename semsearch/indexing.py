@@ -70,7 +70,7 @@ def encoder_for_index(base: Manifest | None, model: str | None = None, pooling: 
     """The encoder to (re)index with: what was asked for, else the index's own settings, else the
     defaults (bundled model, mean pooling). A head must have been trained on the same weights."""
     from semsearch.encoder.encoder import Encoder
-    from semsearch.train.head import head_info, load_head
+    from semsearch.train.head import head_info, load_head, read_head_config
 
     head_mod = info = None
     if head is not None:
@@ -83,7 +83,7 @@ def encoder_for_index(base: Manifest | None, model: str | None = None, pooling: 
                   max_length=base.max_length if base and not model else None, head=head_mod)
     enc.head_info = info
     if head is not None:
-        load_head(head, enc.fingerprint)  # refuses a head trained on other weights
+        read_head_config(head, enc.fingerprint)  # refuses a head trained on other weights
     return enc
 
 

@@ -6,7 +6,6 @@ Written by hand rather than taken from `transformers` because the model is small
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 

@@ -30,13 +30,9 @@ def head_info(folder: Path) -> dict[str, Any]:
     return {"path": str(folder), "fingerprint": h}
 
 
-def load_head(folder: str | Path, base_fingerprint: str | None = None):
-    """The AttentionHead saved in folder; refused if trained on another base model than
-    `base_fingerprint` (when given)."""
-    from safetensors.torch import load_file
-
-    from semsearch.encoder.pooling import AttentionHead
-
+def read_head_config(folder: str | Path, base_fingerprint: str | None = None) -> dict[str, Any]:
+    """A head folder's head.json; refused if trained on another base model than `base_fingerprint`
+    (when given). Cheap: the weights are not read."""
     folder = Path(folder)
     if not (folder / "head.json").exists():
         raise ModelError(f"{folder}: not a pooling head folder (no head.json)")
@@ -48,6 +44,16 @@ def load_head(folder: str | Path, base_fingerprint: str | None = None):
         from semsearch.errors import SettingsMismatch
 
         raise SettingsMismatch(f"{folder}: head was trained on model weights {trained_on}, not {base_fingerprint} ({cfg.get('base_model')})")
+    return cfg
+
+
+def load_head(folder: str | Path, base_fingerprint: str | None = None):
+    """The AttentionHead saved in folder (see read_head_config for the base-model check)."""
+    from safetensors.torch import load_file
+
+    from semsearch.encoder.pooling import AttentionHead
+
+    cfg = read_head_config(folder, base_fingerprint)
     head = AttentionHead(cfg["dim"], cfg.get("out_dim"))
-    head.load_state_dict(load_file(str(folder / "head.safetensors")))
+    head.load_state_dict(load_file(str(Path(folder) / "head.safetensors")))
     return head.eval()
