@@ -108,7 +108,7 @@ def main() -> None:
 
     import faiss
 
-    from semsearch.store.vectors import VectorIndex, choose_type, recall_at, tune
+    from semsearch.store.vectors import VectorIndex, choose_type, faiss_gpus, recall_at, tune
 
     k = 10
     t0 = time.perf_counter()
@@ -144,19 +144,24 @@ def main() -> None:
                                  "recall@10": 1.0, "single_qps": round(one, 1), "batched_qps": round(batch, 1)}
     flat_one = one
 
-    choices = {"default": choose_type("auto", args.n, xb.shape[1]),
-               "memory_lean": choose_type("auto", args.n, xb.shape[1], args.max_bytes_per_vector)}
+    choices = {"default": (choose_type("auto", args.n, xb.shape[1]), "cpu"),
+               "memory_lean": (choose_type("auto", args.n, xb.shape[1], args.max_bytes_per_vector), "cpu")}
     if args.with_hnsw:
-        choices["hnsw"] = "hnsw"
-    for label, kind in choices.items():
+        choices["hnsw"] = ("hnsw", "cpu")
+    if faiss_gpus() > 0:  # faiss-gpu and a GPU: the same data built and searched there
+        choices["gpu_flat"] = ("flat", "cuda")
+        choices["gpu_memory_lean"] = (choices["memory_lean"][0], "cuda")
+    report["faiss_gpus"] = faiss_gpus()
+    for label, (kind, device) in choices.items():
         t = time.perf_counter()
-        vi = VectorIndex.build(xb.shape[1], kind, [(ids[s : s + 100_000], xb[s : s + 100_000]) for s in range(0, args.n, 100_000)], args.n)
+        vi = VectorIndex.build(xb.shape[1], kind, [(ids[s : s + 100_000], xb[s : s + 100_000]) for s in range(0, args.n, 100_000)], args.n,
+                               device=device)
         t_build = time.perf_counter() - t
         tuned = tune(vi, tune_q, exact_tune, k, args.target_recall)
         _, got = vi.search(eval_q, k)
         one, batch = qps(vi, eval_q, k, single=len(eval_q))
         report["indexes"][label] = {
-            "type": kind, "params": vi.params, "build_s": round(t_build, 1),
+            "type": kind, "device": vi.device, "params": vi.params, "build_s": round(t_build, 1),
             "bytes_per_vector": round(vi.nbytes / args.n, 1), "recall@10_tune_queries": tuned["recall"],
             "recall@10": round(recall_at(got, exact_eval), 4), "single_qps": round(one, 1), "batched_qps": round(batch, 1),
             "single_qps_vs_flat": round(one / flat_one, 1),

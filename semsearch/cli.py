@@ -37,7 +37,7 @@ def index_option(fn):
 def device_option(fn):
     return click.option(
         "--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
-        help="Where the encoder runs: auto picks a CUDA GPU when one is present.",
+        help="Where the encoder runs, and the FAISS index where faiss-gpu is installed: auto picks a CUDA GPU when one is present.",
     )(fn)
 
 
@@ -112,7 +112,7 @@ def index(corpus, index, model, pooling, head, device, precision, chunk_tokens, 
     base = load_base(folder, rebuild)
     enc = encoder_for_index(base, model, pooling[0] if pooling else None, head, device, precision)
     chunking = resolve_chunking(base, enc, chunk_tokens, overlap)
-    vs = VectorSettings(index_type=index_type, target_recall=target_recall, max_bytes_per_vector=max_bytes_per_vector)
+    vs = VectorSettings(index_type=index_type, target_recall=target_recall, max_bytes_per_vector=max_bytes_per_vector, device=device)
     report = index_corpus(corpus, folder, enc, chunking, ReadOptions(text_column, skip_errors), rebuild, progress,
                           keep_states=keep_states, vectors=vs)
     if as_json:
@@ -196,7 +196,8 @@ def info(index, as_json):
         ("format version", m.format_version),
         ("model", f"{m.model} (weights {m.model_fingerprint}, {m.backend})"),
         ("pooling", m.pooling + (f" (head {m.head['path']})" if m.head else "")),
-        ("vectors", f"{m.dim}-d, {m.metric} (L2-normalised, inner product), index type {m.index.get('type')}"),
+        ("vectors", f"{m.dim}-d, {m.metric} (L2-normalised, inner product), index type {m.index.get('type')}"
+                    + (f", built on {m.index['built_on']}" if m.index.get("built_on") else "")),
         ("max length", f"{m.max_length} tokens; chunks of {m.chunking['window']} tokens, overlap {m.chunking['overlap']}"),
         ("precision", m.precision),
         ("holds", f"{m.counts['files']} files, {m.counts['documents']} documents, {m.counts['chunks']} chunks"),

@@ -163,12 +163,13 @@ class VectorSettings:
     max_bytes_per_vector: int | None = None
     tune_queries: np.ndarray | None = None  # real query vectors; else held-out corpus vectors
     sample: int = 500
+    device: str = "auto"  # where faiss builds and tunes: a GPU where faiss-gpu sees one
 
 
 def finalize_vectors(writer: IndexWriter, dim: int, vs: VectorSettings, base: Manifest | None) -> dict[str, Any]:
     """Pick the index type for the current size, (re)build it from the docstore where needed,
     tune its search knob to the recall target; gives back the manifest's `index` entry."""
-    from semsearch.store.vectors import IVF_TYPES, VectorIndex, bytes_per_vector, choose_type, exact_knn, tune
+    from semsearch.store.vectors import IVF_TYPES, VectorIndex, bytes_per_vector, choose_type, exact_knn, resolve_index_device, tune
 
     n = writer.docs.counts()["chunks"]
     requested = vs.index_type
@@ -182,10 +183,12 @@ def finalize_vectors(writer: IndexWriter, dim: int, vs: VectorSettings, base: Ma
     if rebuild:
         log.info("building a %s index over %d vectors", kind, n)
         params = {} if vi.kind != kind else {k: v for k, v in vi.params.items() if k in ("M", "efConstruction", "k_factor")}
-        vi = writer.vectors = VectorIndex.build(dim, kind, writer.docs.iter_vectors(), n, params)
+        vi = writer.vectors = VectorIndex.build(dim, kind, writer.docs.iter_vectors(), n, params,
+                                                device=resolve_index_device(vs.device))
         trained_on = n
     entry: dict[str, Any] = {"type": kind, "forced": vs.index_type != "auto", "params": vi.params,
-                             "trained_on": trained_on, "bytes_per_vector": bytes_per_vector(kind, dim)}
+                             "trained_on": trained_on, "bytes_per_vector": bytes_per_vector(kind, dim),
+                             "built_on": vi.device}
     if kind != "flat" and n > vs.k:
         rng = np.random.default_rng(0)
         if vs.tune_queries is not None and len(vs.tune_queries):

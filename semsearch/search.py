@@ -75,10 +75,13 @@ class Retriever:
         `model` and `pooling`, when given, must match the index's; they are checks, not overrides.
         `fast_start` encodes queries with a torch-free numpy copy of the encoder (for one-shot
         processes: no 1.5-3 s torch import); otherwise the torch encoder (faster per query, in
-        bf16 on CPUs that have AMX) is used.
+        bf16 on CPUs that have AMX) is used. `device` places the encoder and, where faiss has GPU
+        support, the vector index ('auto': a GPU where there is one).
         """
+        from semsearch.store.vectors import resolve_index_device
+
         folder = index_path(index)
-        m, vectors, docs = open_index(folder)
+        m, vectors, docs = open_index(folder, resolve_index_device(device))
         if pooling is not None and pooling != m.pooling:
             raise SettingsMismatch(f"{folder} was built with pooling {m.pooling!r}, not {pooling!r}; query it without --pooling, or rebuild it")
         if encoder is None:

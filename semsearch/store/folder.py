@@ -27,12 +27,13 @@ def now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
 
-def open_index(folder: Path) -> tuple[Manifest, VectorIndex, DocStore]:
-    """The manifest, vector index and (read-only) docstore of an index folder."""
+def open_index(folder: Path, device: str = "cpu") -> tuple[Manifest, VectorIndex, DocStore]:
+    """The manifest, vector index and (read-only) docstore of an index folder; the vector index
+    is searched on a GPU where device is 'cuda' (see resolve_index_device)."""
     folder = Path(folder)
     m = Manifest.load(folder)
     try:
-        vectors = VectorIndex.load(folder / m.files["vectors"], m.index.get("type", "flat"), m.index.get("params"))
+        vectors = VectorIndex.load(folder / m.files["vectors"], m.index.get("type", "flat"), m.index.get("params"), device)
         docs = DocStore(folder / m.files["docs"], readonly=True)
     except (KeyError, RuntimeError, sqlite3.Error) as e:
         raise IndexFormatError(f"{folder}: damaged index ({e}); rebuild it with --rebuild") from e

@@ -5,9 +5,15 @@ Types: `flat` (exact), `ivf` (IVF-Flat: inverted lists of full vectors), `ivf-fa
 against the full vectors: several times IVF-Flat's speed at the same recall), `ivf-sq8` (IVF with
 8-bit scalar-quantised vectors: ~4x less memory) and `hnsw` (graph). All hold L2-normalised vectors and
 are searched by inner product (= cosine); all keep the docstore's int64 chunk ids.
+
+GPU: where faiss has GPU support (faiss-gpu) and sees a GPU, `flat`, `ivf` and `ivf-sq8` are
+built and searched on it (IVF k-means training runs there for every IVF type). The CPU index stays
+the copy that is saved and edited; the GPU holds a mirror made from it when needed. HNSW and
+fast-scan codes have no GPU form in faiss and stay on the CPU.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from pathlib import Path
@@ -21,6 +27,8 @@ log = logging.getLogger(__name__)
 
 INDEX_TYPES = ("flat", "ivf", "ivf-fastscan", "ivf-sq8", "hnsw")
 IVF_TYPES = ("ivf", "ivf-fastscan", "ivf-sq8")
+GPU_TYPES = ("flat", "ivf", "ivf-sq8")  # the types faiss can clone onto a GPU
+GPU_MAX_K = 2048  # faiss's GPU k-selection limit; a larger k is searched on the CPU copy
 NO_REMOVE = ("hnsw", "ivf-fastscan")  # rebuilt from the docstore's vectors after a delete
 AUTO_FLAT_BELOW = 50_000  # exact search of 50k x 384 takes a few ms: no reason to approximate
 KNOBS = {"ivf": "nprobe", "ivf-fastscan": "nprobe", "ivf-sq8": "nprobe", "hnsw": "efSearch"}
@@ -50,6 +58,41 @@ def choose_type(requested: str, n: int, dim: int, max_bytes_per_vector: int | No
     raise InputError(f"no index type fits {max_bytes_per_vector} bytes a vector (ivf-sq8 needs {bytes_per_vector('ivf-sq8', dim)})")
 
 
+@functools.lru_cache(maxsize=1)
+def faiss_gpus() -> int:
+    """How many GPUs faiss can use here: 0 with faiss-cpu, or with faiss-gpu and no GPU."""
+    import faiss
+
+    if not hasattr(faiss, "StandardGpuResources"):
+        return 0
+    try:
+        return int(faiss.get_num_gpus())
+    except RuntimeError:  # a CUDA driver problem: behave as if there were no GPU
+        log.warning("faiss has GPU support but could not count GPUs; vector search stays on the CPU")
+        return 0
+
+
+def resolve_index_device(device: str = "auto") -> str:
+    """'cuda' where the request allows a GPU ('auto' or 'cuda') and faiss can use one, else 'cpu'.
+
+    A GPU that torch sees but faiss-cpu cannot use is not an error: the encoder still runs on
+    it, and the vector index on the CPU."""
+    if device not in ("auto", "cpu", "cuda"):
+        raise InputError(f"unknown device {device!r}; valid devices are: auto, cpu, cuda")
+    if device == "cpu" or faiss_gpus() == 0:
+        if device == "cuda":
+            log.info("faiss here has no GPU support (install faiss-gpu): the vector index runs on the CPU")
+        return "cpu"
+    return "cuda"
+
+
+@functools.lru_cache(maxsize=1)
+def _gpu_resources():
+    import faiss
+
+    return faiss.StandardGpuResources()  # one per process: it holds the GPU's scratch memory
+
+
 def default_nlist(n: int) -> int:
     # ~4·sqrt(n) lists, with at least ~39 training points per list as faiss recommends
     return max(1, min(int(4 * math.sqrt(n)), n // 39, 65536))
@@ -58,15 +101,40 @@ def default_nlist(n: int) -> int:
 class VectorIndex:
     """Inner-product search over L2-normalised vectors with stable int64 ids."""
 
-    def __init__(self, index, kind: str = "flat", params: dict[str, Any] | None = None):
-        self.index = index
+    def __init__(self, index, kind: str = "flat", params: dict[str, Any] | None = None, device: str = "cpu"):
+        self._cpu = index
         self.kind = kind
         self.params = dict(params or {})
         self.dirty = False  # a removal the type cannot do in place: rebuild before saving
+        # 'cuda' only for types faiss can hold on a GPU; others stay on the CPU whatever was asked.
+        self.device = device if kind in GPU_TYPES else "cpu"
+        self._gpu = None  # the GPU mirror, made on first use
+        self._cpu_stale = False  # vectors were added to the GPU mirror only: copy back before CPU use
         self.apply_params()
 
+    @property
+    def index(self):
+        """The CPU faiss index (the copy that is saved and edited)."""
+        if self._cpu_stale:
+            import faiss
+
+            self._cpu = faiss.index_gpu_to_cpu(self._gpu)
+            self._cpu_stale = False
+        return self._cpu
+
+    def _searcher(self):
+        """The faiss index to search: the GPU mirror where this index lives on a GPU."""
+        if self.device != "cuda":
+            return self.index
+        if self._gpu is None:
+            import faiss
+
+            self._gpu = faiss.index_cpu_to_gpu(_gpu_resources(), 0, self.index)
+            self.apply_params()
+        return self._gpu
+
     @classmethod
-    def create(cls, dim: int, kind: str = "flat", params: dict[str, Any] | None = None) -> "VectorIndex":
+    def create(cls, dim: int, kind: str = "flat", params: dict[str, Any] | None = None, device: str = "cpu") -> "VectorIndex":
         """An empty index; IVF types still need train()."""
         import faiss
 
@@ -93,55 +161,68 @@ class VectorIndex:
             index = faiss.IndexIDMap2(inner)
         else:
             raise InputError(f"unknown index type {kind!r}; valid types are: {', '.join(INDEX_TYPES)}")
-        return cls(index, kind, params)
+        return cls(index, kind, params, device)
 
     @classmethod
     def build(cls, dim: int, kind: str, batches: Iterator[tuple[np.ndarray, np.ndarray]], n: int,
-              params: dict[str, Any] | None = None, train_sample: int = 200_000, seed: int = 0) -> "VectorIndex":
-        """An index of kind over all (ids, vectors) batches; IVF types train on a sample first."""
+              params: dict[str, Any] | None = None, train_sample: int = 200_000, seed: int = 0,
+              device: str = "cpu") -> "VectorIndex":
+        """An index of kind over all (ids, vectors) batches; IVF types train on a sample first.
+        On device 'cuda' the vectors are added on the GPU and copied back to the CPU once."""
         params = dict(params or {})
         if kind in IVF_TYPES:
             params.setdefault("nlist", default_nlist(n))
-        vi = cls.create(dim, kind, params)
+        vi = cls.create(dim, kind, params, device)
         batches = list(batches) if kind in IVF_TYPES else batches
         if kind in IVF_TYPES:
             all_n = sum(len(ids) for ids, _ in batches)
             rng = np.random.default_rng(seed)
             take = np.sort(rng.choice(all_n, min(train_sample, all_n), replace=False))
             sample = np.concatenate([v for _, v in batches])[take]
-            vi.train(sample)
+            vi.train(sample, gpu=device == "cuda" and faiss_gpus() > 0)
+        if vi.device == "cuda":
+            vi._searcher()  # adds go to the GPU mirror
         for ids, vecs in batches:
             vi.add(ids, vecs)
         vi.apply_params()
         return vi
 
-    def train(self, sample: np.ndarray) -> None:
+    def train(self, sample: np.ndarray, gpu: bool = False) -> None:
+        """Train the IVF coarse quantizer (k-means on a GPU where gpu is true)."""
         import faiss
 
         ivf = faiss.extract_index_ivf(self.index)
         ivf.cp.seed = 1234
-        self.index.train(np.ascontiguousarray(sample, np.float32))
+        if gpu:  # k-means assignment on the GPU, with the quantizer's own metric
+            ivf.clustering_index = faiss.index_cpu_to_gpu(_gpu_resources(), 0, faiss.IndexFlatIP(ivf.d))
+        try:
+            self.index.train(np.ascontiguousarray(sample, np.float32))
+        finally:
+            ivf.clustering_index = None
+        self._gpu = None
 
     def apply_params(self) -> None:
-        """Set the search knob (nprobe / efSearch) from params."""
+        """Set the search knob (nprobe / efSearch) from params, on the CPU index and its GPU mirror."""
         import faiss
 
         if self.kind in IVF_TYPES and "nprobe" in self.params:
-            faiss.extract_index_ivf(self.index).nprobe = int(self.params["nprobe"])
+            faiss.extract_index_ivf(self._cpu).nprobe = int(self.params["nprobe"])
+            if self._gpu is not None:
+                faiss.GpuParameterSpace().set_index_parameter(self._gpu, "nprobe", int(self.params["nprobe"]))
         if self.kind == "ivf-fastscan" and "k_factor" in self.params:
-            faiss.downcast_index(self.index.index).k_factor = float(self.params["k_factor"])
+            faiss.downcast_index(self._cpu.index).k_factor = float(self.params["k_factor"])
         if self.kind == "hnsw" and "efSearch" in self.params:
-            faiss.downcast_index(self.index.index).hnsw.efSearch = int(self.params["efSearch"])
+            faiss.downcast_index(self._cpu.index).hnsw.efSearch = int(self.params["efSearch"])
 
     def set_knob(self, value: int) -> None:
         self.params[KNOBS[self.kind]] = int(value)
         self.apply_params()
 
     @classmethod
-    def load(cls, path: Path, kind: str = "flat", params: dict[str, Any] | None = None) -> "VectorIndex":
+    def load(cls, path: Path, kind: str = "flat", params: dict[str, Any] | None = None, device: str = "cpu") -> "VectorIndex":
         import faiss
 
-        return cls(faiss.read_index(str(path)), kind, params)
+        return cls(faiss.read_index(str(path)), kind, params, device)
 
     def save(self, path: Path) -> None:
         import faiss
@@ -150,7 +231,7 @@ class VectorIndex:
 
     @property
     def ntotal(self) -> int:
-        return int(self.index.ntotal)
+        return int((self._gpu if self._cpu_stale else self._cpu).ntotal)
 
     @property
     def nbytes(self) -> int:
@@ -160,8 +241,14 @@ class VectorIndex:
         return int(faiss.serialize_index(self.index).size)
 
     def add(self, ids: np.ndarray, vectors: np.ndarray) -> None:
-        if len(ids):
-            self.index.add_with_ids(np.ascontiguousarray(vectors, np.float32), np.ascontiguousarray(ids, np.int64))
+        if not len(ids):
+            return
+        vectors, ids = np.ascontiguousarray(vectors, np.float32), np.ascontiguousarray(ids, np.int64)
+        if self._gpu is not None:  # add on the GPU; the CPU copy is taken from it when next needed
+            self._gpu.add_with_ids(vectors, ids)
+            self._cpu_stale = True
+        else:
+            self._cpu.add_with_ids(vectors, ids)
 
     def remove(self, ids: np.ndarray) -> None:
         import faiss
@@ -172,12 +259,15 @@ class VectorIndex:
             self.dirty = True
             return
         self.index.remove_ids(faiss.IDSelectorBatch(np.ascontiguousarray(ids, np.int64)))
+        self._gpu = None  # removed on the CPU copy: the mirror is made again when next searched
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """(scores (n, k), ids (n, k)); rows may hold fewer than k hits, padded with id -1."""
         import faiss
 
         q = np.ascontiguousarray(queries, np.float32)
+        if self.device == "cuda" and k <= GPU_MAX_K:
+            return self._searcher().search(q, min(k, max(self.ntotal, 1)))
         if len(q) > 4 or self.ntotal > 100_000:
             return self.index.search(q, min(k, max(self.ntotal, 1)))
         # A query on a small index takes ~1 ms: run it on one thread, or faiss's OpenMP workers keep
