@@ -20,7 +20,12 @@ TEXTS = [
 
 @pytest.fixture(scope="module")
 def st_reference():
-    from sentence_transformers import SentenceTransformer, models
+    from sentence_transformers import SentenceTransformer
+
+    try:  # the modules' home since sentence-transformers 6; `models` before
+        from sentence_transformers.sentence_transformer import modules as models
+    except ImportError:
+        from sentence_transformers import models
 
     from semsearch.encoder.encoder import default_model_path
 

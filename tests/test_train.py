@@ -48,7 +48,7 @@ def test_loss_decreases_on_toy_set():
         opt.zero_grad()
         loss.backward()
         opt.step()
-        losses.append(float(loss))
+        losses.append(loss.item())
     assert losses[-1] < 0.5 * losses[0]
 
 
