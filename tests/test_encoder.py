@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from semsearch.encoder.pooling import AttentionHead, cls_pool, max_pool, mean_pool, pool
+from semsearch.encoder.transformer import onednn_fused_linear_available
 from semsearch.errors import InputError, ModelError
 
 TEXTS = [
@@ -73,6 +74,23 @@ def test_bf16_close_to_fp32(real_encoder):
     fast = Encoder(precision="bf16", device="cpu").encode(TEXTS)
     ref = real_encoder.encode(TEXTS)
     assert (fast * ref).sum(1).min() > 0.999
+
+
+@pytest.mark.skipif(not onednn_fused_linear_available(), reason="this torch has no oneDNN fused linear")
+def test_fused_cpu_path_equals_plain_bf16(real_encoder):
+    """The prepacked, fused oneDNN linear path gives the plain bf16 path's vectors, with padding
+    in the batch (texts of different lengths) and without (one text)."""
+    from semsearch.encoder import Encoder
+
+    enc = Encoder(precision="bf16", device="cpu")
+    assert enc.fused_cpu and all(layer.packed is not None for layer in enc.model.layers)
+    fused = enc.encode(TEXTS)
+    fused_one = enc.encode(TEXTS[1])
+    enc.model.unpack_cpu()
+    plain = enc.encode(TEXTS)
+    assert (fused * plain).sum(1).min() > 0.9999
+    assert float(fused_one[0] @ plain[1]) > 0.9999
+    assert (fused * real_encoder.encode(TEXTS)).sum(1).min() > 0.999  # and bf16-close to fp32
 
 
 def test_pooling_ignores_padding_and_leaves_input_untouched():

@@ -55,6 +55,7 @@ class Encoder:
         self.batch_tokens = batch_tokens
         self.name, where = resolve_model(model)
         self.backend = "native"
+        self.fused_cpu = False  # oneDNN fused linear in use (native bf16 on the CPU)
         self.folder = where if isinstance(where, Path) else None
         self._chunk_tokenizer = None
         if isinstance(where, Path) and _is_bert_folder(where):
@@ -87,6 +88,8 @@ class Encoder:
             # Weights in bf16/fp16 outright rather than autocast: no per-call weight casts, and on
             # CPUs with AMX the matmuls run on its bf16 tiles (measured: 72.6 vs 53 docs/s autocast).
             self.model.to(_DTYPES[self.precision])
+        # bf16 on the CPU: oneDNN's prepacked, fused linear where this torch has it (+25-30% a query).
+        self.fused_cpu = self.model.pack_for_cpu()
 
     def _load_st(self, where: Path | str, max_length: int | None) -> None:
         try:
