@@ -193,12 +193,15 @@ class VectorIndex:
 
         ivf = faiss.extract_index_ivf(self.index)
         ivf.cp.seed = 1234
-        if gpu:  # k-means assignment on the GPU, with the quantizer's own metric
-            ivf.clustering_index = faiss.index_cpu_to_gpu(_gpu_resources(), 0, faiss.IndexFlatIP(ivf.d))
+        # k-means assignment on the GPU, with the quantizer's own metric. faiss keeps only a raw
+        # pointer to clustering_index: this local keeps the GPU index alive while it trains.
+        on_gpu = faiss.index_cpu_to_gpu(_gpu_resources(), 0, faiss.IndexFlatIP(ivf.d)) if gpu else None
+        ivf.clustering_index = on_gpu
         try:
             self.index.train(np.ascontiguousarray(sample, np.float32))
         finally:
             ivf.clustering_index = None
+            del on_gpu
         self._gpu = None
 
     def apply_params(self) -> None:
