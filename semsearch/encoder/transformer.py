@@ -87,7 +87,7 @@ class Layer(nn.Module):
         self.packed: tuple[torch.Tensor, ...] | None = None  # oneDNN-packed weights, see pack_for_cpu
 
     def forward(self, x: torch.Tensor, attn_bias: torch.Tensor | None) -> torch.Tensor:
-        if self.packed is not None:
+        if self.packed is not None and not torch.is_grad_enabled():  # the fused ops have no backward
             return self._forward_packed(x, attn_bias)
         B, T, D = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.h, D // self.h).permute(2, 0, 3, 1, 4)  # 3 × (B, h, T, d)
