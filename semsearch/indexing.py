@@ -188,7 +188,7 @@ def finalize_vectors(writer: IndexWriter, dim: int, vs: VectorSettings, base: Ma
         trained_on = n
     entry: dict[str, Any] = {"type": kind, "forced": vs.index_type != "auto", "params": vi.params,
                              "trained_on": trained_on, "bytes_per_vector": bytes_per_vector(kind, dim),
-                             "built_on": vi.device}
+                             "built_on": vi.built_on if rebuild else (base.index.get("built_on", "cpu") if base else "cpu")}
     if kind != "flat" and n > vs.k:
         rng = np.random.default_rng(0)
         if vs.tune_queries is not None and len(vs.tune_queries):

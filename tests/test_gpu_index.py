@@ -91,3 +91,71 @@ def test_gpu_mirror_follows_adds_and_removes():
     vi.remove(ids[900:901])
     _, got = vi.search(x[900:901], 5)
     assert ids[900] not in got[0] and vi.ntotal == 999
+
+
+# ---- The CPU/GPU bookkeeping, on every machine ------------------------------------------------
+# faiss's GPU copy functions are replaced by CPU clones, so that the mirror logic (adds on the
+# mirror, copy back before saving or editing, mirror dropped on delete, knob set on both, fallback
+# when the copy fails) runs in CI. The real GPU is exercised by the tests above, where there is one.
+
+
+@pytest.fixture
+def stand_in_gpu(monkeypatch):
+    import faiss
+
+    from semsearch.store import vectors
+
+    copies = []
+
+    def to_gpu(index):
+        copies.append(index)
+        return faiss.clone_index(index)
+
+    monkeypatch.setattr(vectors, "faiss_gpus", lambda: 1)
+    monkeypatch.setattr(vectors, "_to_gpu", to_gpu)
+    monkeypatch.setattr(faiss, "index_gpu_to_cpu", faiss.clone_index, raising=False)
+    monkeypatch.setattr(faiss, "GpuParameterSpace", faiss.ParameterSpace, raising=False)
+    return copies
+
+
+@pytest.mark.parametrize("kind", ["flat", "ivf", "ivf-sq8"])
+def test_mirror_bookkeeping(kind, stand_in_gpu, tmp_path):
+    ids, x, q = _data(n=1200)
+    params = {"nlist": 16, "nprobe": 4} if kind != "flat" else {}
+    cpu = VectorIndex.build(64, kind, [(ids[:1000], x[:1000])], 1000, dict(params), device="cpu")
+    gpu = VectorIndex.build(64, kind, [(ids[:1000], x[:1000])], 1000, dict(params), device="cuda")
+    assert gpu.device == "cuda" and gpu.built_on == "cuda" and gpu._cpu_stale  # added on the mirror
+    assert gpu.ntotal == 1000 and gpu._cpu.ntotal == 0  # the CPU copy is behind until needed
+    np.testing.assert_array_equal(gpu.search(q, 10)[1], cpu.search(q, 10)[1])
+    gpu.add(ids[1000:], x[1000:])
+    assert gpu.ntotal == 1200
+    gpu.remove(ids[:100])  # a delete is done on the CPU copy, taken from the mirror first
+    assert not gpu._cpu_stale and gpu._gpu is None and gpu.ntotal == 1100
+    got = gpu.search(x[:100], 5)[1]  # the mirror is made again from the edited copy
+    assert gpu._gpu is not None and not set(got.ravel()) & set(ids[:100])
+    if kind != "flat":
+        gpu.set_knob(8)
+        import faiss
+
+        assert faiss.extract_index_ivf(gpu._gpu).nprobe == 8 and faiss.extract_index_ivf(gpu._cpu).nprobe == 8
+    gpu.add(ids[:100], x[:100])
+    gpu.save(tmp_path / "v.faiss")  # saving takes the mirror's adds back first
+    back = VectorIndex.load(tmp_path / "v.faiss", kind, gpu.params)
+    assert back.ntotal == 1200
+    assert recall_at(back.search(q, 10)[1], gpu.search(q, 10)[1]) >= 0.99
+    _, big = gpu.search(q[:2], 3000)  # beyond faiss's GPU k limit: searched on the CPU copy
+    np.testing.assert_array_equal(big, gpu.index.search(q[:2], 1200)[1])
+
+
+def test_failed_gpu_copy_falls_back_to_cpu(stand_in_gpu, monkeypatch, caplog):
+    from semsearch.store import vectors
+
+    def no_memory(index):
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(vectors, "_to_gpu", no_memory)
+    ids, x, q = _data(n=500)
+    vi = VectorIndex.build(64, "flat", [(ids, x)], len(ids), device="cuda")
+    assert vi.device == "cpu" and vi.built_on == "cpu" and vi.ntotal == 500
+    assert "searching it on the CPU" in caplog.text
+    assert set(vi.search(q, 5)[1].ravel()) <= set(ids)

@@ -87,7 +87,8 @@ class Layer(nn.Module):
         self.packed: tuple[torch.Tensor, ...] | None = None  # oneDNN-packed weights, see pack_for_cpu
 
     def forward(self, x: torch.Tensor, attn_bias: torch.Tensor | None) -> torch.Tensor:
-        if self.packed is not None and not torch.is_grad_enabled():  # the fused ops have no backward
+        # The packs are bf16 CPU copies of the weights, and the fused ops have no backward.
+        if self.packed is not None and x.dtype == torch.bfloat16 and x.device.type == "cpu" and not torch.is_grad_enabled():
             return self._forward_packed(x, attn_bias)
         B, T, D = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.h, D // self.h).permute(2, 0, 3, 1, 4)  # 3 × (B, h, T, d)
@@ -132,11 +133,11 @@ class BertEncoder(nn.Module):
             x = layer(x, bias)
         return x
 
-    def pack_for_cpu(self, tolerance: float = 0.05) -> bool:
+    def pack_for_cpu(self, tolerance: float = 0.02) -> bool:
         """Prepack the weights for oneDNN's fused CPU linear (bf16 inference); gives back whether
         the packed path is in use. It is kept only if it gives the plain path's token states on a
-        test input, within bf16 rounding; else the plain path stays. Call again after moving or
-        changing the weights (unpack_cpu() drops the packs)."""
+        test input, within bf16 rounding; else the plain path stays. Call it again after changing
+        the weights in place; moving or casting the model drops the packs by itself."""
         self.unpack_cpu()
         p = next(self.parameters())
         if p.device.type != "cpu" or p.dtype != torch.bfloat16 or not onednn_fused_linear_available():
@@ -154,7 +155,11 @@ class BertEncoder(nn.Module):
         except RuntimeError:
             self.unpack_cpu()
             return False
-        if not torch.allclose(got, want, atol=tolerance, rtol=0):
+        # bf16 rounding differs between the two kernels by a few steps: compare relative to the
+        # states' scale, and the mean-pooled vectors' direction.
+        m = mask[..., None].float()
+        cos = F.cosine_similarity((got * m).sum(1), (want * m).sum(1), dim=-1)
+        if (got - want).abs().max() > tolerance * want.abs().max() or cos.min() < 0.9999:
             self.unpack_cpu()
             return False
         return True
@@ -162,6 +167,11 @@ class BertEncoder(nn.Module):
     def unpack_cpu(self) -> None:
         for layer in self.layers:
             layer.packed = None
+
+    def _apply(self, fn, *args, **kwargs):
+        # .to() / .float() / .cuda() make new weights: the packs would be stale copies.
+        self.unpack_cpu()
+        return super()._apply(fn, *args, **kwargs)
 
     @classmethod
     def from_folder(cls, folder: Path) -> "BertEncoder":

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import threading
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -66,8 +67,8 @@ def faiss_gpus() -> int:
     if not hasattr(faiss, "StandardGpuResources"):
         return 0
     try:
-        return int(faiss.get_num_gpus())
-    except RuntimeError:  # a CUDA driver problem: behave as if there were no GPU
+        return int(faiss.get_num_gpus())  # 0 where the CUDA runtime finds no device
+    except RuntimeError:  # some builds raise instead: behave as if there were no GPU
         log.warning("faiss has GPU support but could not count GPUs; vector search stays on the CPU")
         return 0
 
@@ -93,6 +94,20 @@ def _gpu_resources():
     return faiss.StandardGpuResources()  # one per process: it holds the GPU's scratch memory
 
 
+_GPU_LOCK = threading.RLock()  # GPU indexes sharing one StandardGpuResources must not run concurrently
+
+
+def _to_gpu(index):
+    """A GPU copy of a CPU faiss index, with faiss's own GPU kernels: builds with NVIDIA cuVS
+    default to it, and cuVS has no IVF scalar quantiser."""
+    import faiss
+
+    opts = faiss.GpuClonerOptions()
+    if hasattr(opts, "use_cuvs"):
+        opts.use_cuvs = False
+    return faiss.index_cpu_to_gpu(_gpu_resources(), 0, index, opts)
+
+
 def default_nlist(n: int) -> int:
     # ~4·sqrt(n) lists, with at least ~39 training points per list as faiss recommends
     return max(1, min(int(4 * math.sqrt(n)), n // 39, 65536))
@@ -106,9 +121,10 @@ class VectorIndex:
         self.kind = kind
         self.params = dict(params or {})
         self.dirty = False  # a removal the type cannot do in place: rebuild before saving
-        # 'cuda' only for types faiss can hold on a GPU; others stay on the CPU whatever was asked.
-        self.device = device if kind in GPU_TYPES else "cpu"
+        # 'cuda' only for types faiss can hold on a GPU, and where it can; else the CPU.
+        self.device = "cuda" if device == "cuda" and kind in GPU_TYPES and faiss_gpus() > 0 else "cpu"
         self._gpu = None  # the GPU mirror, made on first use
+        self.built_on = "cpu"  # where build() did its work, for the manifest
         self._cpu_stale = False  # vectors were added to the GPU mirror only: copy back before CPU use
         self.apply_params()
 
@@ -118,20 +134,27 @@ class VectorIndex:
         if self._cpu_stale:
             import faiss
 
-            self._cpu = faiss.index_gpu_to_cpu(self._gpu)
-            self._cpu_stale = False
+            with _GPU_LOCK:
+                if self._cpu_stale:
+                    self._cpu = faiss.index_gpu_to_cpu(self._gpu)
+                    self._cpu_stale = False
         return self._cpu
 
     def _searcher(self):
-        """The faiss index to search: the GPU mirror where this index lives on a GPU."""
+        """The faiss index to search: the GPU mirror where this index lives on a GPU. Where the
+        copy to the GPU fails (out of memory, say), the index stays on the CPU, with a warning."""
         if self.device != "cuda":
             return self.index
-        if self._gpu is None:
-            import faiss
-
-            self._gpu = faiss.index_cpu_to_gpu(_gpu_resources(), 0, self.index)
-            self.apply_params()
-        return self._gpu
+        with _GPU_LOCK:
+            if self._gpu is None:
+                try:
+                    self._gpu = _to_gpu(self.index)
+                except RuntimeError as e:
+                    log.warning("could not copy the %s index to the GPU (%s); searching it on the CPU", self.kind, e)
+                    self.device = "cpu"
+                    return self.index
+                self.apply_params()
+            return self._gpu
 
     @classmethod
     def create(cls, dim: int, kind: str = "flat", params: dict[str, Any] | None = None, device: str = "cpu") -> "VectorIndex":
@@ -172,16 +195,31 @@ class VectorIndex:
         params = dict(params or {})
         if kind in IVF_TYPES:
             params.setdefault("nlist", default_nlist(n))
-        vi = cls.create(dim, kind, params, device)
-        batches = list(batches) if kind in IVF_TYPES else batches
+        on_gpu = device == "cuda" and faiss_gpus() > 0
+        batches = list(batches) if kind in IVF_TYPES or on_gpu else batches
+        if on_gpu:
+            try:
+                return cls._build(dim, kind, batches, n, params, train_sample, seed, "cuda")
+            except RuntimeError as e:  # out of GPU memory, say: the CPU can still do it
+                log.warning("building the %s index on the GPU failed (%s); building it on the CPU", kind, e)
+        return cls._build(dim, kind, batches, n, params, train_sample, seed, "cpu")
+
+    @classmethod
+    def _build(cls, dim: int, kind: str, batches, n: int, params: dict[str, Any], train_sample: int, seed: int,
+               device: str) -> "VectorIndex":
+        vi = cls.create(dim, kind, dict(params), device)
         if kind in IVF_TYPES:
             all_n = sum(len(ids) for ids, _ in batches)
             rng = np.random.default_rng(seed)
             take = np.sort(rng.choice(all_n, min(train_sample, all_n), replace=False))
             sample = np.concatenate([v for _, v in batches])[take]
-            vi.train(sample, gpu=device == "cuda" and faiss_gpus() > 0)
+            vi.train(sample, gpu=device == "cuda")
         if vi.device == "cuda":
-            vi._searcher()  # adds go to the GPU mirror
+            vi._searcher()  # adds go to the GPU mirror (or the CPU, where the copy failed)
+        if vi.device == "cuda":
+            vi.built_on = "cuda"
+        elif device == "cuda" and kind in IVF_TYPES:
+            vi.built_on = "cpu, k-means on cuda"
         for ids, vecs in batches:
             vi.add(ids, vecs)
         vi.apply_params()
@@ -195,7 +233,7 @@ class VectorIndex:
         ivf.cp.seed = 1234
         # k-means assignment on the GPU, with the quantizer's own metric. faiss keeps only a raw
         # pointer to clustering_index: this local keeps the GPU index alive while it trains.
-        on_gpu = faiss.index_cpu_to_gpu(_gpu_resources(), 0, faiss.IndexFlatIP(ivf.d)) if gpu else None
+        on_gpu = _to_gpu(faiss.IndexFlatIP(ivf.d)) if gpu else None
         ivf.clustering_index = on_gpu
         try:
             self.index.train(np.ascontiguousarray(sample, np.float32))
@@ -247,11 +285,12 @@ class VectorIndex:
         if not len(ids):
             return
         vectors, ids = np.ascontiguousarray(vectors, np.float32), np.ascontiguousarray(ids, np.int64)
-        if self._gpu is not None:  # add on the GPU; the CPU copy is taken from it when next needed
-            self._gpu.add_with_ids(vectors, ids)
-            self._cpu_stale = True
-        else:
-            self._cpu.add_with_ids(vectors, ids)
+        with _GPU_LOCK:
+            if self._gpu is not None:  # add on the GPU; the CPU copy is taken from it when next needed
+                self._gpu.add_with_ids(vectors, ids)
+                self._cpu_stale = True
+                return
+        self._cpu.add_with_ids(vectors, ids)
 
     def remove(self, ids: np.ndarray) -> None:
         import faiss
@@ -261,8 +300,9 @@ class VectorIndex:
         if self.kind in NO_REMOVE:  # HNSW graphs and refine indexes cannot drop vectors: rebuild later
             self.dirty = True
             return
-        self.index.remove_ids(faiss.IDSelectorBatch(np.ascontiguousarray(ids, np.int64)))
-        self._gpu = None  # removed on the CPU copy: the mirror is made again when next searched
+        with _GPU_LOCK:
+            self.index.remove_ids(faiss.IDSelectorBatch(np.ascontiguousarray(ids, np.int64)))
+            self._gpu = None  # removed on the CPU copy: the mirror is made again when next searched
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """(scores (n, k), ids (n, k)); rows may hold fewer than k hits, padded with id -1."""
@@ -270,7 +310,10 @@ class VectorIndex:
 
         q = np.ascontiguousarray(queries, np.float32)
         if self.device == "cuda" and k <= GPU_MAX_K:
-            return self._searcher().search(q, min(k, max(self.ntotal, 1)))
+            with _GPU_LOCK:
+                searcher = self._searcher()
+                if self.device == "cuda":
+                    return searcher.search(q, min(k, max(self.ntotal, 1)))
         if len(q) > 4 or self.ntotal > 100_000:
             return self.index.search(q, min(k, max(self.ntotal, 1)))
         # A query on a small index takes ~1 ms: run it on one thread, or faiss's OpenMP workers keep
