@@ -41,6 +41,25 @@ def device_option(fn):
     )(fn)
 
 
+def _mode_list(ctx, param, value):
+    if value is None:
+        return None
+    from semsearch.fusion import check_mode
+
+    try:
+        return [check_mode(v.strip()) for v in value.split(",") if v.strip()] or None
+    except SemsearchError as e:
+        raise click.BadParameter(str(e)) from e
+
+
+def fusion_options(fn):
+    fn = click.option("--alpha", type=click.FloatRange(0.0, 1.0), default=None,
+                      help="Weight of the dense side in convex fusion (default 0.5, chosen on SciFact train queries).")(fn)
+    return click.option("--fusion", type=click.Choice(["convex", "rrf"]), default="convex", show_default=True,
+                        help="How hybrid mode fuses the two rankings: convex = alpha * dense + (1 - alpha) * BM25, "
+                             "each min-max normalised per query; rrf = reciprocal rank fusion (k = 60).")(fn)
+
+
 def _pooling_list(ctx, param, value):
     if value is None:
         return None
@@ -133,11 +152,20 @@ def index(corpus, index, model, pooling, head, device, precision, chunk_tokens, 
 @click.option("--json", "as_json", is_flag=True, help="Every field as JSON: an object for one query, a list for queries from stdin.")
 @click.option("--jsonl", "as_jsonl", is_flag=True, help="One JSON object per query per line: {query, hits}.")
 @click.option("--width", type=int, default=100, show_default=True, help="Snippet width in the table.")
+@click.option("--mode", type=click.Choice(["dense", "lexical", "hybrid"]), default=None,
+              help="dense: cosine of embeddings; lexical: BM25 keyword match; hybrid: both, fused. "
+                   "Default: hybrid (best on SciFact), or dense for an index built before lexical search.")
+@click.option("--where", "where", multiple=True, metavar="COND",
+              help="Only chunks whose metadata match (repeatable; all must hold): key=value, key!=value, "
+                   "key>=n, key>n, key<=n, key<n, or path:GLOB for the source file (e.g. path:*.md).")
+@fusion_options
 @handle_errors
-def query(query, index, k, model, pooling, device, as_json, as_jsonl, width):
+def query(query, index, k, model, pooling, device, as_json, as_jsonl, width, mode, where, fusion, alpha):
     """Search the index for QUERY ('-' reads one query per line from stdin).
 
-    Scores are cosine similarities between the query and each chunk, in [-1, 1]; higher is closer.
+    Scores: in dense mode the cosine similarity of query and chunk, in [-1, 1]; in lexical mode
+    BM25 (>= 0); in hybrid mode the fused score (convex: in [0, 1]). --json gives both parts
+    (dense_score, lexical_score). Higher is closer.
     """
     from semsearch.errors import InputError
     from semsearch.search import Retriever
@@ -149,7 +177,7 @@ def query(query, index, k, model, pooling, device, as_json, as_jsonl, width):
     if not from_stdin and not query.strip():
         raise InputError("the query is empty")
     r = Retriever.load(index, model=model, pooling=pooling, device=device, fast_start=True)
-    results = r.search_batch(queries, k)
+    results = r.search_batch(queries, k, mode=mode, where=list(where) or None, fusion=fusion, alpha=alpha)
     if as_jsonl:
         for q, hits in zip(queries, results):
             click.echo(json.dumps({"query": q, "hits": [h.to_dict() for h in hits]}, ensure_ascii=False))
@@ -232,11 +260,16 @@ def info(index, as_json):
 @click.option("--max-docs", type=int, default=None, help="With --max-queries: keep the judged documents plus others up to N.")
 @device_option
 @click.option("--precision", type=click.Choice(["auto", "fp32", "bf16", "fp16"]), default="auto", show_default=True, help="Encoder arithmetic (see `index --help`).")
+@click.option("--mode", "modes", default=None, callback=_mode_list,
+              help="Comma-separated search modes to compare (one encoder pass): dense, lexical, hybrid. Default: dense.")
+@fusion_options
 @click.option("--json", "as_json", is_flag=True, help="Every number and the settings that produced it, as JSON.")
+@click.option("--per-query", is_flag=True, help="With --json / --out: also each query's nDCG@k and recall@k.")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Also write the JSON report to this file.")
 @click.option("--progress/--no-progress", default=None, help="Progress bar. Default: shown on a terminal.")
 @handle_errors
-def eval_(dataset, split, pooling, heads, model, ks, index, pairs, pair_columns, max_queries, max_docs, device, precision, as_json, out, progress):
+def eval_(dataset, split, pooling, heads, model, ks, index, pairs, pair_columns, max_queries, max_docs, device, precision,
+          modes, fusion, alpha, as_json, per_query, out, progress):
     """Measure retrieval quality on a BEIR-format DATASET folder, or pair similarity with --pairs.
 
     \b
@@ -245,7 +278,9 @@ def eval_(dataset, split, pooling, heads, model, ks, index, pairs, pair_columns,
     semsearch eval --pairs sts.tsv --pooling cls,mean,max
 
     Metrics (nDCG@k, recall@k, MAP@k, MRR@k, in %) are computed by trec_eval (pytrec_eval), as
-    BEIR and MTEB do. Default search is exact; every pooling is computed from one encoder pass.
+    BEIR and MTEB do. Default search is exact; every pooling and mode is computed from one encoder
+    pass. As BEIR does, a hit whose document id equals the query's id is dropped; a query whose
+    relevant documents are all missing from the corpus counts as 0 (as MTEB averages it).
     """
     from semsearch import eval as ev
     from semsearch.errors import InputError
@@ -264,6 +299,8 @@ def eval_(dataset, split, pooling, heads, model, ks, index, pairs, pair_columns,
 
         if dataset is None:
             raise InputError("--index needs a BEIR dataset folder to evaluate against")
+        if modes and modes != ["dense"]:
+            raise InputError("--mode lexical/hybrid evaluates exact search on the dataset itself; drop --index to use it")
         data = _subset(ev.load_beir(dataset, split), max_queries, max_docs)
         rep = ev.evaluate_index(data, Retriever.load(index, device=device), cutoffs)
         report = rep.to_dict()
@@ -272,10 +309,12 @@ def eval_(dataset, split, pooling, heads, model, ks, index, pairs, pair_columns,
         names = (pooling or ["mean"]) + (["head"] if heads else [])
         if dataset is not None:
             data = _subset(ev.load_beir(dataset, split), max_queries, max_docs)
-            report = ev.evaluate_beir(data, enc, names, cutoffs, progress=progress).to_dict()
+            report = ev.evaluate_beir(data, enc, names, cutoffs, progress=progress, modes=modes or ["dense"],
+                                      fusion=fusion, alpha=alpha, per_query=per_query).to_dict()
         if pairs is not None:
             cols = [c.strip() for c in pair_columns.split(",")] if pair_columns else None
-            report["pairs"] = {"file": str(pairs), "results": ev.evaluate_pairs(pairs, enc, names, cols)}
+            report["pairs"] = {"file": str(pairs), "results": ev.evaluate_pairs(pairs, enc, names, cols),
+                               "settings": ev.encoder_settings(enc)}
     text = json.dumps(report, indent=2)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -287,6 +326,11 @@ def eval_(dataset, split, pooling, heads, model, ks, index, pairs, pair_columns,
         s = report["settings"]
         click.echo(f"{report['dataset']} ({report['split']}): {s['queries']} queries, {s['documents']} documents; "
                    f"model {s['model']} ({s['model_fingerprint']}), {s['precision']}, max length {s['max_length']}")
+        if s.get("zero_queries"):
+            click.echo(f"{s['zero_queries']} of those queries are judged only on documents missing from the corpus: they count as 0")
+        if s.get("fusion"):
+            click.echo(f"hybrid: {s['fusion']} fusion" + (f", alpha {s['alpha']}" if s.get("alpha") is not None else "")
+                       + f", top {s['depth']} of each side")
         click.echo(ev.format_table(report["results"]))
         click.echo("time: " + ", ".join(f"{k} {v}" for k, v in report["seconds"].items()))
     if "pairs" in report:

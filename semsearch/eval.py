@@ -30,6 +30,7 @@ class BeirData:
     qrels: dict[str, dict[str, int]]
     missing_docs: int = 0  # judged documents absent from the corpus (ignored)
     unjudged_queries: int = 0
+    zero_queries: int = 0  # queries whose relevant documents are all missing: they count as 0, as MTEB averages them
     checksum: str = ""
 
     def subset(self, n_queries: int | None = None, max_docs: int | None = None) -> "BeirData":
@@ -42,7 +43,8 @@ class BeirData:
             docs += [(i, t) for i, t in zip(self.doc_ids, self.doc_texts) if i not in keep][: max(0, max_docs - len(docs))]
         qt = dict(zip(self.query_ids, self.query_texts))
         return BeirData(self.folder, self.split, [d for d, _ in docs], [t for _, t in docs], qids,
-                        [qt[q] for q in qids], {q: self.qrels[q] for q in qids}, checksum=self.checksum + f"/sub{n_queries}-{max_docs}")
+                        [qt[q] for q in qids], {q: self.qrels[q] for q in qids}, checksum=self.checksum + f"/sub{n_queries}-{max_docs}",
+                        zero_queries=0 if n_queries else self.zero_queries)
 
 
 def _jsonl(path: Path):
@@ -98,20 +100,26 @@ def load_beir(folder: str | Path, split: str = "test") -> BeirData:
         texts.append(f"{title} {text}".strip())
     known = set(ids)
     queries = {str(r["_id"]): str(r.get("text", "")) for r in _jsonl(folder / "queries.jsonl")}
-    missing = 0
+    missing = zero = 0
     for q in list(qrels):
+        had_relevant = any(v > 0 for v in qrels[q].values())
         for d in [d for d in qrels[q] if d not in known]:
             del qrels[q][d]
             missing += 1
         if q not in queries or not any(v > 0 for v in qrels[q].values()):
+            # A judged query whose relevant documents are all missing can find nothing: MTEB
+            # averages it in as 0 rather than dropping it, and so do we (zero_queries).
+            zero += q in queries and had_relevant
             del qrels[q]
     if missing:
         log.warning("%s: %d judged document(s) are not in the corpus; ignored", folder, missing)
     qids = [q for q in queries if q in qrels]
     if not qids:
         raise InputError(f"{folder}: no query of split {split!r} has a judgement")
-    return BeirData(folder, split, ids, texts, qids, [queries[q] for q in qids], qrels,
-                    missing_docs=missing, unjudged_queries=len(queries) - len(qids), checksum=_checksum(folder, split))
+    if zero:
+        log.warning("%s: %d quer%s judged only on documents missing from the corpus; counted as 0", folder, zero, "y is" if zero == 1 else "ies are")
+    return BeirData(folder, split, ids, texts, qids, [queries[q] for q in qids], qrels, missing_docs=missing,
+                    unjudged_queries=len(queries) - len(qids) - zero, zero_queries=zero, checksum=_checksum(folder, split))
 
 
 def _checksum(folder: Path, split: str) -> str:
@@ -124,10 +132,13 @@ def _checksum(folder: Path, split: str) -> str:
 
 
 # ---- metrics ----------------------------------------------------------------------------
-def trec_metrics(qrels: dict[str, dict[str, int]], run: dict[str, dict[str, float]], ks: Sequence[int] = DEFAULT_KS) -> dict[str, float]:
+def trec_metrics(qrels: dict[str, dict[str, int]], run: dict[str, dict[str, float]], ks: Sequence[int] = DEFAULT_KS,
+                 zero_queries: int = 0, per_query: dict[str, dict[str, float]] | None = None) -> dict[str, float]:
     """Mean nDCG@k, recall@k, MAP@k, MRR@k (in %, as BEIR reports them) computed by trec_eval.
 
     MRR@k is trec_eval's reciprocal rank on each query's top k, as BEIR and MTEB define it.
+    `zero_queries` more queries count as 0 in every mean. Where `per_query` is a dict, it is
+    filled with each query's nDCG@k and recall@k.
     """
     import pytrec_eval
 
@@ -136,7 +147,10 @@ def trec_metrics(qrels: dict[str, dict[str, int]], run: dict[str, dict[str, floa
     run = {q: run.get(q, {}) for q in qrels}
     scores = pytrec_eval.RelevanceEvaluator(qrels, measures).evaluate(run)
     out: dict[str, float] = {}
-    n = len(qrels)
+    n = len(qrels) + zero_queries
+    if per_query is not None:
+        for q, sc in scores.items():
+            per_query[q] = {f"{m}@{k}": round(100 * sc[f"{t}_{k}"], 2) for k in ks for m, t in (("ndcg", "ndcg_cut"), ("recall", "recall"))}
     for k in ks:
         out[f"ndcg@{k}"] = 100 * sum(s[f"ndcg_cut_{k}"] for s in scores.values()) / n
         out[f"recall@{k}"] = 100 * sum(s[f"recall_{k}"] for s in scores.values()) / n
@@ -168,39 +182,116 @@ def to_run(qids: Sequence[str], doc_ids: Sequence[str], scores: np.ndarray, idx:
 class EvalReport:
     dataset: str
     split: str
-    rows: list[dict[str, Any]] = field(default_factory=list)  # one per pooling / index
+    rows: list[dict[str, Any]] = field(default_factory=list)  # one per pooling / mode / index
     settings: dict[str, Any] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
+    per_query: dict[str, dict[str, dict[str, float]]] | None = None  # {"mode/pooling": {query id: {metric: value}}}
 
     def to_dict(self) -> dict[str, Any]:
-        return {"dataset": self.dataset, "split": self.split, "results": self.rows, "settings": self.settings, "seconds": self.seconds}
+        d = {"dataset": self.dataset, "split": self.split, "results": self.rows, "settings": self.settings, "seconds": self.seconds}
+        if self.per_query is not None:
+            d["per_query"] = self.per_query
+        return d
 
 
-def evaluate_beir(data: BeirData, encoder, poolings: Sequence[str], ks: Sequence[int] = DEFAULT_KS, progress: bool | None = None) -> EvalReport:
-    """Exact-search metrics for each pooling, from one encoder pass over corpus and queries."""
+def evaluate_beir(data: BeirData, encoder, poolings: Sequence[str], ks: Sequence[int] = DEFAULT_KS, progress: bool | None = None,
+                  modes: Sequence[str] = ("dense",), fusion: str = "convex", alpha: float | None = None,
+                  per_query: bool = False) -> EvalReport:
+    """Exact-search metrics for each pooling and search mode, from one encoder pass over corpus
+    and queries. Modes: dense (cosine), lexical (BM25 over the full document text), hybrid (both,
+    fused as Retriever.search fuses them)."""
+    from semsearch import fusion as fusion_
+
+    for m in modes:
+        fusion_.check_mode(m)
+    fusion_.check_fusion(fusion)
+    alpha = fusion_.ALPHA if alpha is None else alpha
     t0 = time.perf_counter()
-    docs = encoder.encode_many(data.doc_texts, poolings, progress=progress)
+    dense_modes = [m for m in modes if m != "lexical"]
+    docs = encoder.encode_many(data.doc_texts, poolings, progress=progress) if dense_modes else {}
     t1 = time.perf_counter()
-    queries = encoder.encode_many(data.query_texts, poolings, progress=False)
+    queries = encoder.encode_many(data.query_texts, poolings, progress=False) if dense_modes else {}
     t2 = time.perf_counter()
+    lex = None
+    if "lexical" in modes or "hybrid" in modes:
+        from semsearch.store.lexical import LexicalIndex
+
+        lex = LexicalIndex.from_texts(data.doc_texts)
+    t3 = time.perf_counter()
     depth = max(max(ks), 100)
     rep = EvalReport(str(data.folder), data.split, settings=_settings(encoder, data))
-    for p in poolings:
-        scores, idx = exact_search(queries[p], docs[p], depth)
-        m = trec_metrics(data.qrels, to_run(data.query_ids, data.doc_ids, scores, idx), ks)
-        rep.rows.append({"pooling": p, "search": "exact", **{k: round(v, 2) for k, v in m.items()}})
-    rep.seconds = {"encode_corpus": round(t1 - t0, 2), "encode_queries": round(t2 - t1, 2), "total": round(time.perf_counter() - t0, 2),
-                   "docs_per_s": round(len(data.doc_texts) / max(t1 - t0, 1e-9), 1)}
+    rep.settings.update({"modes": list(modes), "ignore_identical_ids": True})
+    if "hybrid" in modes:
+        rep.settings.update({"fusion": fusion, "alpha": alpha if fusion == "convex" else None, "depth": fusion_.DEPTH})
+    per_q: dict[str, dict] = {}
+
+    def add(name: str, pooling: str, search: str, run: dict) -> None:
+        pq: dict[str, dict[str, float]] | None = {} if per_query else None
+        m = trec_metrics(data.qrels, run, ks, data.zero_queries, pq)
+        rep.rows.append({"pooling": pooling, "mode": name, "search": search, **{k: round(v, 2) for k, v in m.items()}})
+        if per_query:
+            per_q[f"{name}/{pooling}"] = pq
+
+    for mode in modes:
+        if mode == "lexical":
+            run = {q: {data.doc_ids[i]: s for i, s in lex.search(qt, depth)} for q, qt in zip(data.query_ids, data.query_texts)}
+            add("lexical", "-", "bm25", _drop_identical(run))
+            continue
+        for p in poolings:
+            scores, idx = exact_search(queries[p], docs[p], depth)
+            if mode == "dense":
+                add("dense", p, "exact", to_run(data.query_ids, data.doc_ids, scores, idx))
+            else:
+                run = hybrid_run(data, queries[p], docs[p], scores, idx, lex, depth, fusion, alpha)
+                add("hybrid", p, f"exact+bm25 {fusion}", run)
+    rep.seconds = {"encode_corpus": round(t1 - t0, 2), "encode_queries": round(t2 - t1, 2), "lexical_index": round(t3 - t2, 2),
+                   "total": round(time.perf_counter() - t0, 2)}
+    if dense_modes:
+        rep.seconds["docs_per_s"] = round(len(data.doc_texts) / max(t1 - t0, 1e-9), 1)
+    if per_query:
+        rep.per_query = per_q
     return rep
+
+
+def hybrid_run(data: BeirData, qv: np.ndarray, dv: np.ndarray, scores: np.ndarray, idx: np.ndarray, lex, depth: int,
+               fusion: str, alpha: float) -> dict[str, dict[str, float]]:
+    """A run of fused dense + BM25 scores: the union of each side's top DEPTH documents, each
+    scored on both sides, fused (semsearch.fusion, as Retriever.search does)."""
+    from semsearch import fusion as fusion_
+
+    run = {}
+    n = max(depth, fusion_.DEPTH)
+    for qi, (q, qt) in enumerate(zip(data.query_ids, data.query_texts)):
+        cand = {int(i) for i in idx[qi][: fusion_.DEPTH] if i >= 0} | {i for i, _ in lex.search(qt, fusion_.DEPTH)}
+        c = np.array(sorted(cand), np.int64)
+        d = dv[c] @ qv[qi]
+        b = lex.scores_for(qt, c)
+        fused = fusion_.fuse(d, np.array([b.get(int(i), 0.0) for i in c]), fusion, alpha)
+        best = fusion_.top(c, fused, n)
+        run[q] = {data.doc_ids[c[j]]: float(fused[j]) for j in best if data.doc_ids[c[j]] != q}
+    return run
+
+
+def _drop_identical(run: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+    # BEIR drops a document whose id equals the query's (ignore_identical_ids).
+    return {q: {d: s for d, s in docs.items() if d != q} for q, docs in run.items()}
+
+
+def encoder_settings(encoder) -> dict[str, Any]:
+    """The settings that make an encoder's numbers reproducible."""
+    return {
+        "model": encoder.name, "model_fingerprint": encoder.fingerprint, "max_length": encoder.max_length,
+        "precision": encoder.precision, "device": getattr(encoder, "device", "cpu"),
+        "head": getattr(encoder, "head_info", None),
+    }
 
 
 def _settings(encoder, data: BeirData) -> dict[str, Any]:
     return {
-        "model": encoder.name, "model_fingerprint": encoder.fingerprint, "max_length": encoder.max_length,
-        "precision": encoder.precision, "device": getattr(encoder, "device", "cpu"),
-        "head": getattr(encoder, "head_info", None), "dataset_checksum": data.checksum,
-        "queries": len(data.query_ids), "documents": len(data.doc_ids),
+        **encoder_settings(encoder), "dataset_checksum": data.checksum,
+        "queries": len(data.query_ids) + data.zero_queries, "documents": len(data.doc_ids),
         "missing_judged_docs": data.missing_docs, "unjudged_queries": data.unjudged_queries,
+        "zero_queries": data.zero_queries,
     }
 
 
@@ -232,7 +323,7 @@ def evaluate_index(data: BeirData, retriever, ks: Sequence[int] = DEFAULT_KS, id
                 if d is not None and d != q and sc > best.get(d, -2.0):
                     best[d] = float(sc)
             run[q] = best
-        m = trec_metrics(data.qrels, run, ks)
+        m = trec_metrics(data.qrels, run, ks, data.zero_queries)
         rep.rows.append({"pooling": retriever.manifest.pooling, "search": name, **{k: round(v, 2) for k, v in m.items()}})
     for k in ks:
         a, e = approx_i[:, :k], exact_i[:, :k]

@@ -8,13 +8,18 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from semsearch import filters, fusion as fusion_
 from semsearch.errors import InputError, SettingsMismatch
 from semsearch.store.folder import index_path, open_index
+
+EXACT_BELOW = 4096  # a filter allowing fewer chunks is scored exactly from the stored vectors
 
 
 @dataclass
 class Hit:
-    """One search result. `score` is the cosine similarity of query and chunk, in [-1, 1]."""
+    """One search result. `score` is what the ranking used: the cosine similarity of query and
+    chunk in [-1, 1] (mode dense), its BM25 score (lexical), or the fused score (hybrid: convex
+    fusion in [0, 1], or RRF); `dense_score` and `lexical_score` carry both parts."""
 
     rank: int
     score: float
@@ -28,6 +33,9 @@ class Hit:
     chunk: int = 0  # chunk number within its document
     id: int = 0  # the chunk's id in the index
     metadata: dict[str, Any] = field(default_factory=dict)
+    mode: str = "dense"  # how it was found: dense, lexical or hybrid
+    dense_score: float | None = None  # cosine similarity (hybrid and dense)
+    lexical_score: float | None = None  # BM25 score, >= 0 (hybrid and lexical; 0: no query term occurs)
 
     @property
     def location(self) -> str:
@@ -98,43 +106,156 @@ class Retriever:
     def __len__(self) -> int:
         return self.vectors.ntotal
 
-    def search(self, query: str, k: int = 10) -> list[Hit]:
-        """The k chunks most similar to query, best first."""
-        return self.search_batch([query], k)[0]
+    @property
+    def default_mode(self) -> str:
+        """hybrid where the index has its lexical side (measured best on SciFact), else dense."""
+        return "hybrid" if self._lexical(required=False) is not None else "dense"
 
-    def search_batch(self, queries: Sequence[str], k: int = 10) -> list[list[Hit]]:
+    def search(self, query: str, k: int = 10, mode: str | None = None, where: Any = None,
+               fusion: str = "convex", alpha: float | None = None) -> list[Hit]:
+        """The k chunks that best match query, best first.
+
+        mode: 'dense' (cosine of embeddings), 'lexical' (BM25) or 'hybrid' (both, fused; the
+        default where the index has a lexical side). where: metadata filter applied before
+        ranking (see semsearch.filters), e.g. {"lang": "en"} or ["year>=2020", "path:*.md"].
+        fusion: 'convex' (alpha * dense + (1 - alpha) * lexical, each min-max normalised) or 'rrf'.
+        """
+        if not isinstance(query, str):
+            raise InputError(f"the query must be a string, not {type(query).__name__}")
+        return self.search_batch([query], k, mode, where, fusion, alpha)[0]
+
+    def search_batch(self, queries: Sequence[str], k: int = 10, mode: str | None = None, where: Any = None,
+                     fusion: str = "convex", alpha: float | None = None) -> list[list[Hit]]:
         """search() for many queries at once (one encoder pass)."""
         if isinstance(queries, str):
             raise InputError("search_batch takes a list of queries; use search() for one")
         for i, q in enumerate(queries):
-            if not q or not q.strip():
+            if not isinstance(q, str):
+                raise InputError(f"query {i + 1} must be a string, not {type(q).__name__}")
+            if not q.strip():
                 raise InputError(f"query {i + 1} is empty" if len(queries) > 1 else "the query is empty")
-        if k < 1:
-            raise InputError(f"k must be at least 1, got {k}")
+        if not isinstance(k, int) or k < 1:
+            raise InputError(f"k must be a positive integer, got {k!r}")
+        mode = fusion_.check_mode(mode or self.default_mode)
+        fusion_.check_fusion(fusion)
         if not queries:
             return []
+        flt = filters.parse(where)
+        allowed = flt.ids(self.docs.db) if flt is not None else None
+        if allowed is not None and not len(allowed):
+            return [[] for _ in queries]
+        if mode == "lexical":
+            lex = self._lexical()
+            mask = lex.mask(allowed) if allowed is not None else None
+            found = [[(i, s, None, s) for i, s in lex.search(q, k, mask)] for q in queries]
+            return self._hits(found, mode)
         qv = self.encoder.encode(list(queries), progress=False)
-        return self.search_vectors(qv, k)
+        if mode == "dense":
+            scores, ids = self._dense(qv, k, allowed)
+            found = [[(int(i), float(s), float(s), None) for s, i in zip(sr, ir) if i >= 0] for sr, ir in zip(scores, ids)]
+            return self._hits(found, mode)
+        return self._hits(self._hybrid(queries, qv, k, allowed, fusion, fusion_.ALPHA if alpha is None else alpha), mode)
 
-    def search_vectors(self, qv: np.ndarray, k: int = 10) -> list[list[Hit]]:
-        """Hits for query vectors (n, d), already normalised."""
-        scores, ids = self.vectors.search(qv, k)
-        found = self.docs.get_chunks(i for i in np.unique(ids) if i >= 0)
+    def search_vectors(self, qv: np.ndarray, k: int = 10, where: Any = None) -> list[list[Hit]]:
+        """Dense hits for query vectors (n, d), already normalised."""
+        flt = filters.parse(where)
+        allowed = flt.ids(self.docs.db) if flt is not None else None
+        if allowed is not None and not len(allowed):
+            return [[] for _ in range(len(qv))]
+        scores, ids = self._dense(qv, k, allowed)
+        return self._hits([[(int(i), float(s), float(s), None) for s, i in zip(sr, ir) if i >= 0] for sr, ir in zip(scores, ids)], "dense")
+
+    # ---- the two sides and their fusion ------------------------------------------------------
+    def _lexical(self, required: bool = True):
+        if not hasattr(self, "_lex"):
+            self._lex = self.docs.lexical()
+        if self._lex is None and required:
+            raise InputError(f"{self.folder} was built before lexical search; run `semsearch index CORPUS --index {self.folder}` "
+                             "once to add it (nothing is re-encoded), or use --mode dense")
+        return self._lex
+
+    def _dense(self, qv: np.ndarray, k: int, allowed: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """(scores (n, k), ids (n, k)) by cosine, only among `allowed` ids where given (pre-filter)."""
+        if allowed is None:
+            return self.vectors.search(qv, k)
+        if len(allowed) <= EXACT_BELOW:
+            return self._exact(qv, k, allowed)
+        scores, ids = self.vectors.search_filtered(qv, k, allowed)
+        short = (ids >= 0).sum(1) < min(k, len(allowed))  # an approximate index missed some: be exact
+        if short.any():
+            es, ei = self._exact(qv[short], k, allowed)
+            scores, ids = _pad(scores, k, -np.inf), _pad(ids, k, -1)
+            scores[short], ids[short] = es, ei
+        return scores, ids
+
+    def _exact(self, qv: np.ndarray, k: int, allowed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Exact top k among the allowed ids, from the vectors stored in the docstore."""
+        ids, vecs = self.docs.get_vectors(allowed)
+        k_ = min(k, len(ids))
+        scores = np.full((len(qv), k), -np.inf, np.float32)
+        out = np.full((len(qv), k), -1, np.int64)
+        if not k_:
+            return scores, out
+        s = np.asarray(qv, np.float32) @ vecs.T  # (n, m)
+        top = np.argpartition(-s, k_ - 1, axis=1)[:, :k_]
+        ts = np.take_along_axis(s, top, 1)
+        order = np.argsort(-ts, axis=1, kind="stable")
+        scores[:, :k_] = np.take_along_axis(ts, order, 1)
+        out[:, :k_] = ids[np.take_along_axis(top, order, 1)]
+        return scores, out
+
+    def _hybrid(self, queries, qv, k, allowed, fusion, alpha):
+        """[(id, fused, cosine, bm25)] per query: the union of both sides' top DEPTH, each
+        candidate scored exactly on both sides, fused, best k."""
+        lex = self._lexical()
+        depth = max(k, fusion_.DEPTH)
+        mask = lex.mask(allowed) if allowed is not None else None
+        dscores, dids = self._dense(qv, depth, allowed)
         out = []
-        for srow, irow in zip(scores, ids):
+        for q, v, ds, di in zip(queries, qv, dscores, dids):
+            dense = {int(i): float(s) for s, i in zip(ds, di) if i >= 0}
+            lexical = dict(lex.search(q, depth, mask))
+            need = [i for i in lexical if i not in dense]
+            if need:
+                ids, vecs = self.docs.get_vectors(need)
+                dense.update(zip(ids.tolist(), (vecs @ np.asarray(v, np.float32)).tolist()))
+            lexical.update(lex.scores_for(q, [i for i in dense if i not in lexical]))
+            cand = np.array(sorted(dense), np.int64)
+            if not len(cand):
+                out.append([])
+                continue
+            d = np.array([dense[i] for i in cand])
+            b = np.array([lexical.get(int(i), 0.0) for i in cand])
+            fused = fusion_.fuse(d, b, fusion, alpha)
+            out.append([(int(cand[j]), float(fused[j]), float(d[j]), float(b[j])) for j in fusion_.top(cand, fused, k)])
+        return out
+
+    def _hits(self, found: list[list[tuple]], mode: str) -> list[list[Hit]]:
+        """Hits from [(id, score, cosine, bm25)] per query, joined with the docstore."""
+        chunks = self.docs.get_chunks({i for row in found for i, *_ in row})
+        out = []
+        for row in found:
             hits = []
-            for s, i in zip(srow, irow):
-                if i < 0 or int(i) not in found:  # FAISS pads with -1: never let it out
+            for i, s, d, b in row:
+                c = chunks.get(i)
+                if c is None:  # FAISS pads with -1 and the docstore is the truth: never let a stray id out
                     continue
-                c = found[int(i)]
-                hits.append(Hit(rank=len(hits) + 1, score=float(s), text=c["text"], source=_display(c["path"]),
+                hits.append(Hit(rank=len(hits) + 1, score=s, text=c["text"], source=_display(c["path"]),
                                 path=c["path"], start=c["start"], end=c["end"], row=c["row"], line=c["line"],
-                                chunk=c["chunk"], id=c["id"], metadata=c["metadata"]))
+                                chunk=c["chunk"], id=c["id"], metadata=c["metadata"], mode=mode,
+                                dense_score=d, lexical_score=b))
             out.append(hits)
         return out
 
     def close(self) -> None:
         self.docs.close()
+
+
+def _pad(a: np.ndarray, k: int, fill) -> np.ndarray:
+    """a (n, <=k) widened to (n, k) with fill."""
+    if a.shape[1] >= k:
+        return a.copy()
+    return np.concatenate([a, np.full((a.shape[0], k - a.shape[1]), fill, a.dtype)], 1)
 
 
 def _query_encoder(folder: Path, m, model: str | None, device: str, fast_start: bool):

@@ -9,6 +9,8 @@ from typing import Any, Iterable, Iterator
 
 import numpy as np
 
+from semsearch.store import lexical
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS files (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -32,7 +34,9 @@ CREATE TABLE IF NOT EXISTS chunks (
     vector BLOB NOT NULL,           -- float32 (dim,), so any index type can be rebuilt
     state_file TEXT,                -- with --keep-states: token states in states/<file>, fp16 (state_len, D)
     state_off INTEGER,              -- first token's row in that file
-    state_len INTEGER
+    state_len INTEGER,
+    lex BLOB,                       -- lexical terms: sorted 64-bit term hashes + counts (store/lexical.py)
+    lex_len INTEGER                 -- terms in the chunk, for BM25's length normalisation
 );
 CREATE INDEX IF NOT EXISTS chunks_file ON chunks(file_id);
 """
@@ -69,6 +73,7 @@ class DocStore:
         else:
             self.db = sqlite3.connect(self.path)
             self.db.executescript(SCHEMA)
+            lexical.add_columns(self.db)  # a docstore from before lexical search gets its terms
         self.db.execute("PRAGMA foreign_keys = ON")
 
     def close(self) -> None:
@@ -109,10 +114,11 @@ class DocStore:
         for i, (r, v) in enumerate(zip(rows, vectors)):
             cur = self.db.execute(
                 "INSERT INTO chunks (file_id, row, ord, start, end, line, text, metadata, vector,"
-                " state_file, state_off, state_len) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " state_file, state_off, state_len, lex, lex_len) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (r.file_id, r.row, r.ord, r.start, r.end, r.line, r.text,
                  json.dumps(r.metadata, ensure_ascii=False) if r.metadata else None,
-                 np.ascontiguousarray(v, np.float32).tobytes(), *(r.state or (None, None, None))),
+                 np.ascontiguousarray(v, np.float32).tobytes(), *(r.state or (None, None, None)),
+                 *lexical.encode_terms(r.text)),
             )
             ids[i] = cur.lastrowid
         return ids
@@ -133,6 +139,29 @@ class DocStore:
             out[cid] = dict(id=cid, path=path, row=row, chunk=ord_, start=start, end=end, line=line,
                             text=text, metadata=json.loads(meta) if meta else {})
         return out
+
+    def get_vectors(self, ids: Iterable[int]) -> tuple[np.ndarray, np.ndarray]:
+        """(ids (n,), vectors (n, d)) of the given chunk ids that exist, in id order."""
+        ids = sorted({int(i) for i in ids})
+        found_ids: list[int] = []
+        vecs: list[np.ndarray] = []
+        for at in range(0, len(ids), 30_000):  # SQLite's variable limit
+            part = ids[at : at + 30_000]
+            marks = ",".join("?" * len(part))
+            for cid, blob in self.db.execute(f"SELECT id, vector FROM chunks WHERE id IN ({marks}) ORDER BY id", part):
+                found_ids.append(cid)
+                vecs.append(np.frombuffer(blob, np.float32))
+        if not vecs:
+            return np.zeros(0, np.int64), np.zeros((0, 0), np.float32)
+        return np.array(found_ids, np.int64), np.stack(vecs)
+
+    def lexical(self) -> "lexical.LexicalIndex | None":
+        """The BM25 index of these chunks (None for a docstore from before lexical search)."""
+        return lexical.load(self.db)
+
+    def write_lexical(self) -> int:
+        """Invert the chunks' terms into posting arrays, for fast loading by readers (at commit)."""
+        return lexical.write(self.db)
 
     def iter_vectors(self, batch: int = 8192) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """(ids (n,), vectors (n, d)) in batches, for rebuilding a vector index."""

@@ -99,6 +99,7 @@ class IndexWriter:
             os.fsync(self._states.fileno())
             self._states.close()
         used_states = self.docs.state_files()
+        self.docs.write_lexical()
         self.docs.commit()
         self.docs.close()
         self.vectors.save(self.folder / self.vectors_file)

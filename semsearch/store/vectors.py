@@ -327,6 +327,33 @@ class VectorIndex:
             faiss.omp_set_num_threads(threads)
 
 
+    def search_filtered(self, queries: np.ndarray, k: int, allowed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """search() over only the `allowed` ids, through a faiss ID selector on the CPU index
+        (GPU indexes take selectors only in part). Approximate types may find fewer than k."""
+        import faiss
+
+        q = np.ascontiguousarray(queries, np.float32)
+        sel = faiss.IDSelectorBatch(np.ascontiguousarray(allowed, np.int64))
+        index = self.index
+        if self.kind == "flat":
+            params = faiss.SearchParameters(sel=sel)  # the IDMap wrapper translates it to its rows
+        elif self.kind in ("ivf", "ivf-sq8"):
+            params = faiss.SearchParametersIVF(sel=sel, nprobe=int(self.params.get("nprobe", 1)))
+        elif self.kind == "ivf-fastscan":
+            # IDMap2(RefineFlat(IVF fast scan)): the wrapper translates only the top-level selector,
+            # so the IVF's own selector is given one that maps its rows to ids itself.
+            inner = faiss.SearchParametersIVF(sel=faiss.IDSelectorTranslated(index.id_map, sel),
+                                              nprobe=int(self.params.get("nprobe", 1)))
+            params = faiss.IndexRefineSearchParameters(k_factor=float(self.params.get("k_factor", 1)), base_index_params=inner)
+        elif self.kind == "hnsw":
+            params = faiss.SearchParametersHNSW(sel=sel, efSearch=int(self.params.get("efSearch", 16)))
+        else:
+            raise InputError(f"unknown index type {self.kind!r}")
+        k = max(1, min(k, len(allowed)))
+        scores, ids = index.search(q, k, params=params)
+        return scores, ids
+
+
 def recall_at(approx_ids: np.ndarray, exact_ids: np.ndarray) -> float:
     """Mean fraction of each exact top-k list that the approximate list found."""
     hits = [len(set(a[a >= 0]) & set(e[e >= 0])) / max(int((e >= 0).sum()), 1) for a, e in zip(approx_ids, exact_ids)]

@@ -1,0 +1,194 @@
+"""Lexical (BM25) index, hybrid fusion, search modes and the eval of all three."""
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from semsearch import fusion
+from semsearch.cli import main
+from semsearch.errors import InputError
+from semsearch.eval import evaluate_beir, load_beir
+from semsearch.indexing import index_corpus
+from semsearch.search import Retriever
+from semsearch.store import lexical
+from semsearch.store.lexical import LexicalIndex
+
+from conftest import SCIFACT
+from test_eval import write_beir
+
+needs_scifact = pytest.mark.skipif(not SCIFACT.exists(), reason="SciFact not found beside the repo (../shared/data/beir/scifact)")
+
+TEXTS = [
+    "The bank approved the loan after checking the credit score.",
+    "Loans and mortgages: the bank lends money; loan approval takes a week.",
+    "Simmer lentils with onion and cumin for twenty minutes.",
+    "Meteor showers happen when Earth crosses a comet's debris trail.",
+]
+
+
+def reference_bm25(texts, query, k1=lexical.K1, b=lexical.B):
+    """BM25 written out term by term (Lucene's IDF), over the same analysed terms."""
+    docs = [lexical.terms(t) for t in texts]
+    n, avg = len(docs), sum(map(len, docs)) / len(docs)
+    out = {}
+    for i, d in enumerate(docs):
+        s = 0.0
+        for t in dict.fromkeys(lexical.terms(query)):
+            tf = d.count(t)
+            if tf:
+                df = sum(t in x for x in docs)
+                idf = math.log(1 + (n - df + 0.5) / (df + 0.5))
+                s += idf * tf * (k1 + 1) / (tf + k1 * (1 - b + b * len(d) / avg))
+        if s:
+            out[i] = s
+    return out
+
+
+def test_bm25_matches_reference_and_stems():
+    li = LexicalIndex.from_texts(TEXTS)
+    for q in ["loan approval", "bank loans", "lentils", "comet debris showers", "the of and"]:
+        ref = reference_bm25(TEXTS, q)
+        got = dict(li.search(q, 10))
+        assert got.keys() == ref.keys(), q
+        for i in ref:
+            assert got[i] == pytest.approx(ref[i], rel=1e-5)
+        assert li.scores_for(q, range(len(TEXTS))) == pytest.approx({i: ref.get(i, 0.0) for i in range(len(TEXTS))}, rel=1e-5)
+    # Porter2 stemming: "loans"/"loan", "approved"/"approval" share stems only where Snowball says so.
+    assert dict(li.search("loans", 10)).keys() == {0, 1}
+    assert li.search("zebra", 10) == [] and li.search("", 10) == []
+
+
+@pytest.mark.parametrize("query", ['"unbalanced quote', "loan*", "NEAR(loan bank)", "-loan", "bank OR", "AND",
+                                   "col:loan", "ünïcödé 銀行 loan", "'; DROP TABLE chunks; --", "\x00\x01", "loan " * 25_000])
+def test_any_query_text_is_safe(query, small_corpus, tmp_path, fake_encoder):
+    index_corpus(small_corpus, tmp_path / "idx", fake_encoder, progress=False)
+    r = Retriever.load(tmp_path / "idx", encoder=fake_encoder)
+    for mode in ("lexical", "hybrid", "dense"):
+        hits = r.search(query, 3, mode=mode)
+        assert all(h.mode == mode for h in hits)
+    if "loan" in query.lower():
+        assert r.search(query, 1, mode="lexical")[0].source.endswith("bank.txt")
+
+
+def test_modes_and_hybrid_scores(small_corpus, tmp_path, fake_encoder):
+    index_corpus(small_corpus, tmp_path / "idx", fake_encoder, progress=False)
+    r = Retriever.load(tmp_path / "idx", encoder=fake_encoder)
+    assert r.default_mode == "hybrid"
+    lex = r.search("mortgage rates", 3, mode="lexical")
+    assert [h.source.rsplit("/", 1)[-1] for h in lex] == ["bank.txt"] and lex[0].dense_score is None
+    hyb = r.search("mortgage rates", 3, mode="hybrid")
+    assert len(hyb) == 3 and hyb[0].source.endswith("bank.txt")
+    # The fused score is the convex combination of both parts, min-max normalised over the candidates.
+    d = np.array([h.dense_score for h in hyb])
+    b = np.array([h.lexical_score for h in hyb])
+    assert [h.score for h in hyb] == pytest.approx(list(fusion.fuse(d, b, "convex", fusion.ALPHA)))
+    assert [h.score for h in hyb] == sorted([h.score for h in hyb], reverse=True)
+    rrf = r.search("mortgage rates", 3, fusion="rrf")
+    assert rrf[0].score == pytest.approx(2 / 61)  # best on both sides
+    dense = r.search("mortgage rates", 3, mode="dense")
+    assert [h.score for h in dense] == [h.dense_score for h in dense]
+    with pytest.raises(InputError, match="valid modes are: dense, lexical, hybrid"):
+        r.search("x", 3, mode="sparse")
+    with pytest.raises(InputError, match="must be a string"):
+        r.search(123)
+
+
+def test_fusion_functions():
+    assert list(fusion.minmax(np.array([1.0, 3.0, 2.0]))) == [0.0, 1.0, 0.5]
+    assert list(fusion.minmax(np.array([2.0, 2.0]))) == [1.0, 1.0] and list(fusion.minmax(np.array([0.0]))) == [0.0]
+    assert list(fusion.ranks(np.array([0.1, 0.9, 0.5]))) == [3, 1, 2]
+    f = fusion.fuse(np.array([0.9, 0.1]), np.array([0.0, 10.0]), "convex", 0.3)
+    assert list(f) == pytest.approx([0.3, 0.7])
+    with pytest.raises(InputError):
+        fusion.fuse(np.array([1.0]), np.array([1.0]), "convex", 1.5)
+
+
+def test_update_and_delete_keep_both_sides_in_step(small_corpus, tmp_path, fake_encoder):
+    folder = tmp_path / "idx"
+    index_corpus(small_corpus, folder, fake_encoder, progress=False)
+    (small_corpus / "space.txt").unlink()
+    (small_corpus / "bank.txt").write_text("Quarterly dividends were paid to shareholders.\n")
+    index_corpus(small_corpus, folder, fake_encoder, progress=False)
+    r = Retriever.load(folder, encoder=fake_encoder)
+    for mode in ("lexical", "hybrid", "dense"):
+        for gone in ("meteor comet debris", "mortgage loan credit"):
+            assert not any("meteor" in h.text.lower() or "mortgage" in h.text.lower() for h in r.search(gone, 10, mode=mode)), (mode, gone)
+    assert r.search("dividends shareholders", 1, mode="lexical")[0].source.endswith("bank.txt")
+    # The stored posting arrays are the current generation's: same as inverting the chunk rows.
+    stored = r.docs.lexical()
+    rows = r.docs.db.execute("SELECT id, lex, lex_len FROM chunks ORDER BY id").fetchall()
+    fresh = LexicalIndex.from_rows(np.array([x[0] for x in rows]), [x[1] for x in rows], np.array([x[2] for x in rows]))
+    assert list(stored.ids) == list(fresh.ids) and list(stored.vocab) == list(fresh.vocab)
+    assert stored.search("dividends lentils", 5) == fresh.search("dividends lentils", 5)
+
+
+def test_index_from_before_lexical_search(small_corpus, tmp_path, fake_encoder):
+    folder = tmp_path / "idx"
+    index_corpus(small_corpus, folder, fake_encoder, progress=False)
+    m = json.loads((folder / "manifest.json").read_text())
+    db = sqlite3.connect(folder / m["files"]["docs"])  # make it look like an older index
+    db.executescript("DROP TABLE lexical; ALTER TABLE chunks DROP COLUMN lex; ALTER TABLE chunks DROP COLUMN lex_len;")
+    db.commit()
+    db.close()
+    r = Retriever.load(folder, encoder=fake_encoder)
+    assert r.default_mode == "dense" and r.search("lentils", 1)[0].mode == "dense"
+    with pytest.raises(InputError, match="built before lexical search; run `semsearch index CORPUS"):
+        r.search("lentils", 1, mode="lexical")
+    r.close()
+    calls = fake_encoder.calls
+    index_corpus(small_corpus, folder, fake_encoder, progress=False)  # adds the lexical side, re-encodes nothing
+    assert fake_encoder.calls == calls
+    r = Retriever.load(folder, encoder=fake_encoder)
+    assert r.default_mode == "hybrid" and r.search("lentils", 1, mode="lexical")[0].source.endswith("cook.md")
+
+
+def test_query_cli_modes_json_carries_both_parts(small_corpus, tmp_path, real_encoder):
+    folder = tmp_path / "idx"
+    index_corpus(small_corpus, folder, real_encoder, progress=False)
+    run = CliRunner().invoke(main, ["query", "mortgage rates", "--index", str(folder), "--json", "-k", "2"])
+    assert run.exit_code == 0, run.output
+    hits = json.loads(run.output)["hits"]
+    assert hits[0]["mode"] == "hybrid" and hits[0]["source"].endswith("bank.txt")
+    assert 0 <= hits[0]["score"] <= 1 and hits[0]["dense_score"] > 0 and hits[0]["lexical_score"] > 0
+    run = CliRunner().invoke(main, ["query", "mortgage", "--index", str(folder), "--mode", "lexical", "--json"])
+    assert [h["mode"] for h in json.loads(run.output)["hits"]] == ["lexical"]
+    run = CliRunner().invoke(main, ["query", "x", "--index", str(folder), "--mode", "bm25"])
+    assert run.exit_code == 2 and "'bm25' is not one of" in run.output
+
+
+def test_eval_modes_side_by_side_and_zero_queries(tmp_path, real_encoder):
+    qrels = "query-id\tcorpus-id\tscore\nq1\td1\t1\nq2\td2\t1\nq3\tgone\t1\n"
+    root = write_beir(tmp_path / "ds", qrels)
+    data = load_beir(root)
+    assert data.zero_queries == 1 and data.query_ids == ["q1", "q2"]  # q3 is judged only on a missing doc
+    rep = evaluate_beir(data, real_encoder, ["mean"], ks=[1, 10], modes=["dense", "lexical", "hybrid"], per_query=True)
+    rows = {r["mode"]: r for r in rep.rows}
+    assert set(rows) == {"dense", "lexical", "hybrid"}
+    for r in rows.values():  # both answerable queries find their document first; q3 counts as 0
+        assert r["ndcg@10"] == pytest.approx(200 / 3, abs=0.01)
+    assert rep.settings["zero_queries"] == 1 and rep.settings["queries"] == 3 and rep.settings["ignore_identical_ids"]
+    assert rep.per_query["hybrid/mean"]["q1"]["ndcg@10"] == 100.0
+    out = CliRunner().invoke(main, ["eval", str(root), "--mode", "lexical,hybrid", "--json", "--per-query"])
+    assert out.exit_code == 0, out.output
+    j = json.loads(out.output)
+    assert [r["mode"] for r in j["results"]] == ["lexical", "hybrid"] and "per_query" in j
+
+
+@needs_scifact
+def test_scifact_lexical_close_to_published_bm25():
+    """BM25 of the lexical index on SciFact test (published Lucene BM25: 67.9 nDCG@10)."""
+    data = load_beir(SCIFACT, "test")
+    rep = evaluate_beir(data, _NoEncoder(), [], ks=[10, 100], modes=["lexical"])
+    ndcg = rep.rows[0]["ndcg@10"]
+    assert abs(ndcg - 67.9) <= 2.0, ndcg
+
+
+class _NoEncoder:
+    """Lexical-only evaluation needs no model: this stands in for its settings only."""
+
+    name, fingerprint, max_length, precision = "none", "none", 0, "fp32"
