@@ -176,6 +176,9 @@ def query(query, index, k, model, pooling, device, as_json, as_jsonl, width, mod
         raise InputError("no queries on stdin" if from_stdin else "the query is empty")
     if not from_stdin and not query.strip():
         raise InputError("the query is empty")
+    from semsearch.filters import parse
+
+    parse(list(where))  # a bad filter is reported before the model loads
     r = Retriever.load(index, model=model, pooling=pooling, device=device, fast_start=True)
     results = r.search_batch(queries, k, mode=mode, where=list(where) or None, fusion=fusion, alpha=alpha)
     if as_jsonl:

@@ -80,8 +80,8 @@ def _literal(value: Any) -> list[Any]:
     """The SQL values a metadata field may hold to equal `value` as given."""
     if isinstance(value, bool):
         return [int(value)]
-    if isinstance(value, (int, float)):
-        return [value]
+    if isinstance(value, (int, float)):  # also its text form: CSV metadata holds strings
+        return [value, str(int(value)) if float(value).is_integer() else str(value)]
     s = str(value)
     out: list[Any] = [s]
     n = _num(s)
