@@ -237,6 +237,7 @@ def info(index, as_json):
         ("last run", f"{last.get('added', 0)} added, {last.get('updated', 0)} updated, {last.get('removed', 0)} removed, "
                      f"{last.get('unchanged', 0)} unchanged; {last.get('chunks', 0)} chunks in {last.get('seconds', 0):.1f} s"),
     ]
+    rows.append(("search modes", _modes_of(folder, m)))
     if m.index.get("params"):
         rows.append(("index params", json.dumps(m.index["params"])))
     if m.index.get("recall"):
@@ -246,6 +247,22 @@ def info(index, as_json):
     w = max(len(k) for k, _ in rows)
     for key, val in rows:
         click.echo(f"{key:<{w}}  {val}")
+
+
+def _modes_of(folder, m) -> str:
+    """The search modes an index offers, read from its docstore."""
+    from semsearch.store.docstore import DocStore
+    from semsearch.store.lexical import ANALYZER
+
+    try:
+        docs = DocStore(folder / m.files["docs"], readonly=True)
+        has_lexical = "lex" in {r[1] for r in docs.db.execute("PRAGMA table_info(chunks)")}
+        docs.close()
+    except Exception as e:  # noqa: BLE001 - info reports, it does not fail on a damaged docstore
+        return f"unknown (cannot read the docstore: {e})"
+    if has_lexical:
+        return f"dense, lexical (BM25, {ANALYZER}), hybrid (default)"
+    return "dense only: built before lexical search; `semsearch index CORPUS` adds it without re-encoding"
 
 
 @main.command("eval")

@@ -1,6 +1,7 @@
 """Retriever: the one object a RAG pipeline needs — search(query, k) -> list[Hit]."""
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -50,6 +51,7 @@ class Hit:
         return d
 
 
+@functools.lru_cache(maxsize=65536)
 def _display(path: str) -> str:
     try:
         rel = os.path.relpath(path)
@@ -213,19 +215,25 @@ class Retriever:
         dscores, dids = self._dense(qv, depth, allowed)
         out = []
         for q, v, ds, di in zip(queries, qv, dscores, dids):
-            dense = {int(i): float(s) for s, i in zip(ds, di) if i >= 0}
-            lexical = dict(lex.search(q, depth, mask))
-            need = [i for i in lexical if i not in dense]
-            if need:
-                ids, vecs = self.docs.get_vectors(need)
-                dense.update(zip(ids.tolist(), (vecs @ np.asarray(v, np.float32)).tolist()))
-            lexical.update(lex.scores_for(q, [i for i in dense if i not in lexical]))
-            cand = np.array(sorted(dense), np.int64)
+            acc = lex.score_all(q)
+            lids, _ = lex.top(acc, depth, mask)
+            ok = di >= 0
+            di, ds = di[ok], ds[ok]
+            cand = np.union1d(di, lids)  # sorted ids
             if not len(cand):
                 out.append([])
                 continue
-            d = np.array([dense[i] for i in cand])
-            b = np.array([lexical.get(int(i), 0.0) for i in cand])
+            d = np.empty(len(cand), np.float64)
+            at = np.searchsorted(cand, di)
+            d[at] = ds
+            only_lex = np.setdiff1d(cand, di, assume_unique=True)
+            if len(only_lex):  # their cosine, from the vectors the index or the docstore holds
+                vecs = self.vectors.reconstruct(only_lex)
+                ids = only_lex
+                if vecs is None:
+                    ids, vecs = self.docs.get_vectors(only_lex)
+                d[np.searchsorted(cand, ids)] = vecs @ np.asarray(v, np.float32)
+            b = lex.lookup(acc, cand)
             fused = fusion_.fuse(d, b, fusion, alpha)
             out.append([(int(cand[j]), float(fused[j]), float(d[j]), float(b[j])) for j in fusion_.top(cand, fused, k)])
         return out

@@ -144,16 +144,16 @@ class DocStore:
         """(ids (n,), vectors (n, d)) of the given chunk ids that exist, in id order."""
         ids = sorted({int(i) for i in ids})
         found_ids: list[int] = []
-        vecs: list[np.ndarray] = []
+        blobs: list[bytes] = []
         for at in range(0, len(ids), 30_000):  # SQLite's variable limit
             part = ids[at : at + 30_000]
             marks = ",".join("?" * len(part))
             for cid, blob in self.db.execute(f"SELECT id, vector FROM chunks WHERE id IN ({marks}) ORDER BY id", part):
                 found_ids.append(cid)
-                vecs.append(np.frombuffer(blob, np.float32))
-        if not vecs:
+                blobs.append(blob)
+        if not blobs:
             return np.zeros(0, np.int64), np.zeros((0, 0), np.float32)
-        return np.array(found_ids, np.int64), np.stack(vecs)
+        return np.array(found_ids, np.int64), np.frombuffer(b"".join(blobs), np.float32).reshape(len(blobs), -1)
 
     def lexical(self) -> "lexical.LexicalIndex | None":
         """The BM25 index of these chunks (None for a docstore from before lexical search)."""

@@ -129,29 +129,40 @@ class LexicalIndex:
         pos = np.searchsorted(self.vocab, q).clip(0, len(self.vocab) - 1)
         return pos[self.vocab[pos] == q]
 
-    def scores(self, query: str) -> tuple[np.ndarray, np.ndarray]:
-        """(row positions (m,), BM25 scores (m,)) of every row matching a query term."""
+    def score_all(self, query: str) -> np.ndarray:
+        """BM25 scores (n,) of every row for query (0 where no query term occurs)."""
         acc = np.zeros(len(self.ids), np.float32)
-        hit = np.zeros(len(self.ids), bool)
         for v in self._query_terms(query):
             lo, hi = self.indptr[v], self.indptr[v + 1]
-            rows = self.postings[lo:hi]
-            acc[rows] += self.idf[v] * self.weights[lo:hi]  # a term posts a row at most once
-            hit[rows] = True
+            acc[self.postings[lo:hi]] += self.idf[v] * self.weights[lo:hi]  # a term posts a row at most once
+        return acc
+
+    def top(self, acc: np.ndarray, n: int, allowed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, scores) of the n best rows with a positive score in acc, best first; `allowed`
+        is a boolean mask over rows."""
+        hit = acc > 0
+        if allowed is not None:
+            hit &= allowed
         pos = np.flatnonzero(hit)
-        return pos, acc[pos]
+        s = acc[pos]
+        if len(pos) > n:
+            keep = np.argpartition(-s, n - 1)[:n]
+            pos, s = pos[keep], s[keep]
+        order = np.lexsort((pos, -s))  # ties: lower id first (rows are in id order)
+        return self.ids[pos[order]], s[order]
 
     def search(self, query: str, n: int, allowed: np.ndarray | None = None) -> list[tuple[int, float]]:
         """The n best (id, score) for query, best first; `allowed` is a boolean mask over rows."""
-        pos, s = self.scores(query)
-        if allowed is not None:
-            keep = allowed[pos]
-            pos, s = pos[keep], s[keep]
-        if len(pos) > n:
-            top = np.argpartition(-s, n - 1)[:n]
-            pos, s = pos[top], s[top]
-        order = np.lexsort((self.ids[pos], -s))  # ties: lower id first, for stable results
-        return [(int(self.ids[p]), float(x)) for p, x in zip(pos[order], s[order])]
+        ids, s = self.top(self.score_all(query), n, allowed)
+        return list(zip(ids.tolist(), s.tolist()))
+
+    def lookup(self, acc: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        """The scores in acc of the given ids (0 for ids this index does not hold)."""
+        ids = np.asarray(ids, np.int64)
+        if not len(self.ids):
+            return np.zeros(len(ids), np.float32)
+        pos = np.searchsorted(self.ids, ids).clip(0, len(self.ids) - 1)
+        return np.where(self.ids[pos] == ids, acc[pos], 0.0).astype(np.float32)
 
     def scores_for(self, query: str, ids: Iterable[int]) -> dict[int, float]:
         """BM25 scores of the given ids (0.0 where no query term occurs; unknown ids absent)."""
@@ -160,15 +171,8 @@ class LexicalIndex:
             return {}
         pos = np.searchsorted(self.ids, ids).clip(0, len(self.ids) - 1)
         known = self.ids[pos] == ids
-        acc = np.zeros(len(ids), np.float32)
-        for v in self._query_terms(query):
-            lo, hi = self.indptr[v], self.indptr[v + 1]
-            rows = self.postings[lo:hi]
-            j = np.searchsorted(rows, pos)  # postings of a term are in row order (stable sort)
-            j = j.clip(0, max(len(rows) - 1, 0))
-            match = (rows[j] == pos) if len(rows) else np.zeros(len(pos), bool)
-            acc[match] += self.idf[v] * self.weights[lo:hi][j[match]]
-        return {int(i): float(s) for i, s, k in zip(ids, acc, known) if k}
+        acc = self.score_all(query)
+        return {int(i): float(acc[p]) for i, p, k in zip(ids, pos, known) if k}
 
     def mask(self, ids: np.ndarray) -> np.ndarray:
         """A boolean mask over rows: True for the given ids."""

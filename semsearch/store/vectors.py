@@ -327,6 +327,18 @@ class VectorIndex:
             faiss.omp_set_num_threads(threads)
 
 
+    def reconstruct(self, ids: np.ndarray) -> np.ndarray | None:
+        """The stored vectors (n, d) of the given ids, for the types that keep full vectors behind
+        an id map (flat, hnsw, ivf-fastscan's refine store); None for the others (the docstore
+        has them). Every id must be in the index."""
+        if self.kind not in ("flat", "hnsw", "ivf-fastscan"):
+            return None
+        index = self.index
+        try:
+            return index.reconstruct_batch(np.ascontiguousarray(ids, np.int64)) if len(ids) else np.zeros((0, index.d), np.float32)
+        except RuntimeError:  # an id faiss does not hold: let the caller read the docstore
+            return None
+
     def search_filtered(self, queries: np.ndarray, k: int, allowed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """search() over only the `allowed` ids, through a faiss ID selector on the CPU index
         (GPU indexes take selectors only in part). Approximate types may find fewer than k."""
