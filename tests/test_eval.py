@@ -101,8 +101,10 @@ def test_pairs_eval(tmp_path):
     p.write_text("score\tsentence1\tsentence2\n" + "".join(f"{a}\t{b}\t{c}\n" for a, b, c in rows))
     r = CliRunner().invoke(main, ["eval", "--pairs", str(p), "--pooling", "cls,mean,max", "--json", "--precision", "fp32"])
     assert r.exit_code == 0, r.output
-    res = {x["pooling"]: x for x in json.loads(r.output)["pairs"]["results"]}
+    pairs = json.loads(r.output)["pairs"]
+    res = {x["pooling"]: x for x in pairs["results"]}
     assert set(res) == {"cls", "mean", "max"}
+    assert pairs["settings"]["precision"] == "fp32" and pairs["settings"]["model_fingerprint"]
     assert res["mean"]["spearman"] > 80 and res["mean"]["pairs"] == 5
     # positions instead of names
     q = tmp_path / "pos.csv"
