@@ -96,7 +96,9 @@ class LexicalIndex:
         # The term-frequency part of each posting, computed once: tf (k1 + 1) / (tf + k1 (1 - b + b len / avg)).
         tf = tfs.astype(np.float32)
         norm = k1 * (1 - b + b * lengths.astype(np.float32) / max(avg, 1e-9))
-        self.weights = tf * (k1 + 1) / (tf + norm[postings]) if len(postings) else np.zeros(0, np.float32)
+        weights = tf * (k1 + 1) / (tf + norm[postings]) if len(postings) else np.zeros(0, np.float32)
+        # Each posting's whole contribution, idf included, so a query only adds slices.
+        self.weights = (weights * np.repeat(self.idf, np.diff(indptr))).astype(np.float32)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -134,7 +136,7 @@ class LexicalIndex:
         acc = np.zeros(len(self.ids), np.float32)
         for v in self._query_terms(query):
             lo, hi = self.indptr[v], self.indptr[v + 1]
-            acc[self.postings[lo:hi]] += self.idf[v] * self.weights[lo:hi]  # a term posts a row at most once
+            acc[self.postings[lo:hi]] += self.weights[lo:hi]  # a term posts a row at most once
         return acc
 
     def top(self, acc: np.ndarray, n: int, allowed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
