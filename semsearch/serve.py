@@ -125,14 +125,10 @@ class Service:
 
     # ---- operations (blocking; the app runs them on worker threads) -----------------------
     def search(self, queries: list[str], k: int, mode: str | None, where: dict | None):
+        from semsearch.integrations.common import search
+
         r = self.retriever()
-        kwargs: dict[str, Any] = {}
-        for name, value in (("mode", mode), ("where", where)):
-            if value is not None:
-                if not self.supports[name]:
-                    raise InputError(f"`{name}` is not supported by this semsearch version's Retriever")
-                kwargs[name] = value
-        return r.manifest.generation, r.search_batch(queries, k, **kwargs)
+        return r.manifest.generation, search(r, queries, k, mode, where)
 
     def embed(self, texts: list[str]) -> np.ndarray:
         return self.encoder.encode(texts, progress=False)
