@@ -166,3 +166,40 @@ def test_filters_refused_clearly_before_where_exists(tmp_path, small_corpus):
     lr = SemsearchRetriever(retriever=Retriever.load(tmp_path / "idx", encoder=enc), where={"lang": "en"})
     with pytest.raises(InputError, match="not supported"):
         lr.invoke("soup")
+
+
+def test_readme_rag_examples_run(sample_retriever, tmp_path, monkeypatch):
+    """Each framework's RAG example in the README runs as written, with a stand-in chat model."""
+    import re
+
+    pytest.importorskip("langchain_core")
+    pytest.importorskip("llama_index.core")
+    pytest.importorskip("haystack")
+    from haystack import component
+    from haystack.dataclasses import ChatMessage
+    from langchain_core.language_models.fake_chat_models import FakeListChatModel
+    from llama_index.core.llms import MockLLM
+
+    from conftest import REPO
+
+    # Haystack reads a component's input types from real annotations, which this module's
+    # `from __future__ import annotations` would turn into strings: define it apart.
+    ns = {"component": component, "ChatMessage": ChatMessage}
+    exec("@component\nclass EchoChat:\n"
+         "    @component.output_types(replies=list[ChatMessage])\n"
+         "    def run(self, messages: list[ChatMessage]):\n"
+         "        return {'replies': [ChatMessage.from_assistant(messages[0].text)]}\n", ns)
+    EchoChat = ns["EchoChat"]
+
+    llms = {"langchain": FakeListChatModel(responses=["an answer"]), "llamaindex": MockLLM(max_tokens=8), "haystack": EchoChat()}
+    blocks = re.findall(r"```python\n(# pip install 'semsearch\[(\w+)\]'.*?)```", (REPO / "README.md").read_text(), re.S)
+    assert sorted(extra for _, extra in blocks) == ["haystack", "langchain", "llamaindex"]
+    (tmp_path / "indexes").mkdir()
+    (tmp_path / "indexes" / "default").symlink_to(sample_retriever.folder.resolve())
+    monkeypatch.chdir(tmp_path)
+    printed: list[str] = []
+    for code, extra in blocks:
+        printed.clear()
+        exec(code, {"llm": llms[extra], "print": lambda *a: printed.append(" ".join(map(str, a)))})
+        assert printed, extra
+    assert "Loan decisions now take two business days." in printed[-1]  # haystack: the prompt held the memo
