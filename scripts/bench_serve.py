@@ -97,7 +97,7 @@ async def client(cid: int, url: str, n: int, qs: list[str], results: dict, publi
                         results.setdefault("rev_checks", []).append((g, rev))
 
 
-async def writer(url: str, stop: asyncio.Event, published: dict, timings: list, problems: list) -> None:
+async def writer(url: str, stop: asyncio.Event, published: dict, timings: list, problems: list, interval: float) -> None:
     import httpx
 
     i = 0
@@ -121,7 +121,10 @@ async def writer(url: str, stop: asyncio.Event, published: dict, timings: list, 
                     published[r.json()["generation"]] = i  # the revision stays i
                     timings.append(time.perf_counter() - t)
             i += 1
-            await asyncio.sleep(0.2)
+            try:
+                await asyncio.wait_for(stop.wait(), interval)
+            except asyncio.TimeoutError:
+                pass
 
 
 def mix(n: int, qs: list[str], seed: int) -> list[tuple[str, str]]:
@@ -167,6 +170,7 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--baseline-calls", type=int, default=40, help="Calls per baseline round (in-process, then over HTTP, one at a time).")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--write-interval", type=float, default=0.2, help="Seconds between the writer's upserts.")
     ap.add_argument("--out", default=str(REPO / "results" / "bench_serve.json"))
     args = ap.parse_args()
 
@@ -219,7 +223,7 @@ def main() -> None:
 
         async def run() -> float:
             stop = asyncio.Event()
-            w = asyncio.create_task(writer(url, stop, published, writes, problems))
+            w = asyncio.create_task(writer(url, stop, published, writes, problems, args.write_interval))
             per = [args.requests // args.clients + (1 if i < args.requests % args.clients else 0) for i in range(args.clients)]
             t0 = time.perf_counter()
             await asyncio.gather(*(client(i, url, n, qs, results, published, problems) for i, n in enumerate(per)))
@@ -228,7 +232,9 @@ def main() -> None:
             await w
             return elapsed
 
+        passes0 = httpx.get(url + "/info").json()["encoder_passes"]
         elapsed = asyncio.run(run())
+        passes1 = httpx.get(url + "/info").json()["encoder_passes"]
 
         # Every revision seen must be the one published at or before its response's generation,
         # and no older than the newest published at that generation.
@@ -253,8 +259,9 @@ def main() -> None:
             "p50_ms": round(1000 * pct(lat, 50), 2), "p99_ms": round(1000 * pct(lat, 99), 2),
             "by_kind": {k: {"n": len(results.get(k, [])), "p50_ms": round(1000 * pct(results.get(k, []), 50), 2),
                             "p99_ms": round(1000 * pct(results.get(k, []), 99), 2)} for k, _ in MIX},
-            "writes": {"n": len(writes), "generations_published": len(published),
+            "writes": {"n": len(writes), "interval_s": args.write_interval, "generations_published": len(published),
                        "p50_ms": round(1000 * pct(writes, 50), 1), "p99_ms": round(1000 * pct(writes, 99), 1)},
+            "texts_per_encoder_pass": round((passes1["texts"] - passes0["texts"]) / max(1, passes1["passes"] - passes0["passes"]), 2),
             "generations_seen_by_searches": len(results.get("generations", ())),
             "revision_checks": len(results.get("rev_checks", [])),
             "sequential_baseline": {k: {"calls": len(v), "p50_ms": round(1000 * pct(v, 50), 2), "calls_per_s": round(len(v) / sum(v), 1)}

@@ -7,8 +7,8 @@ A thin layer over `Retriever`, the index's `Encoder` and `semsearch.documents`, 
     POST /documents {documents: [{id, text, metadata}]}, DELETE /documents/{id}
 
 Concurrency: encoding, searching and writing run on worker threads, never on the event loop.
-The encoder runs one batch at a time (it uses every core already); searches of FAISS and the
-docstore run side by side. Writes are serialised and build the next generation while searches
+The encoder runs one pass at a time (it uses every core already), and texts of requests that
+wait meanwhile go into one pass together; searches of FAISS and the docstore run side by side. Writes are serialised and build the next generation while searches
 go on against the current one; each request takes one `Retriever` (one generation's vectors
 and docstore together) and keeps it to the end, so it never sees half of a write. A new
 generation (from this server or from `semsearch index` in another process) is noticed by a
@@ -55,20 +55,66 @@ class Limits:
     max_documents: int = 1000  # documents in one upsert
 
 
-class _SerialEncoder:
-    """The index's encoder, one call at a time: it already uses every core, and concurrent
-    calls would only fight over them. Everything else passes through."""
+class _Pending:
+    __slots__ = ("texts", "result", "error", "done")
 
-    def __init__(self, encoder):
+    def __init__(self, texts: list[str]):
+        self.texts, self.result, self.error, self.done = texts, None, None, False
+
+
+class _SerialEncoder:
+    """The index's encoder, one pass at a time (it already uses every core), with the texts of
+    requests that arrived meanwhile encoded together in that pass: while one pass runs, callers
+    queue up, and the next thread to get the encoder encodes the whole queue (up to
+    `max_batch` texts) and hands each caller its rows. Everything else passes through."""
+
+    def __init__(self, encoder, max_batch: int = 256):
         self._enc = encoder
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # one encoder pass at a time
+        self._queue_lock = threading.Lock()
+        self._queue: list[_Pending] = []
+        self.max_batch = max_batch
+        self.passes = 0  # encoder passes and texts, for tests and benchmarks
+        self.texts = 0
 
     def __getattr__(self, name):
         return getattr(self._enc, name)
 
     def encode(self, texts, progress=None):
+        item = _Pending([texts] if isinstance(texts, str) else list(texts))
+        with self._queue_lock:
+            self._queue.append(item)
         with self._lock:
-            return self._enc.encode(texts, progress=progress)
+            while not item.done:  # a full pass may stop short of this item: go on to it
+                self._encode_queued()
+        if item.error is not None:
+            raise item.error
+        return item.result
+
+    def _encode_queued(self) -> None:
+        with self._queue_lock:
+            batch, n = [], 0
+            while self._queue and (not batch or n + len(self._queue[0].texts) <= self.max_batch):
+                batch.append(self._queue.pop(0))
+                n += len(batch[-1].texts)
+        try:
+            vecs = self._enc.encode([t for it in batch for t in it.texts], progress=False)  # (n, D)
+        except Exception:
+            if len(batch) == 1:
+                raise
+            for it in batch:  # one caller's bad input must not fail the others
+                try:
+                    it.result = self._enc.encode(it.texts, progress=False)
+                except Exception as e:
+                    it.error = e
+                it.done = True
+            return
+        self.passes += 1
+        self.texts += n
+        start = 0
+        for it in batch:
+            it.result, it.done = vecs[start:start + len(it.texts)], True
+            start += len(it.texts)
 
     def encode_with_states(self, texts, progress=None):
         with self._lock:
@@ -268,7 +314,8 @@ def create_app(service: Service, limits: Limits | None = None, read_only: bool =
                 "chunking": m.chunking, "index_type": m.index.get("type"), "index_params": m.index.get("params"),
                 "counts": m.counts, "generation": m.generation, "updated": m.updated,
                 "modes": list(MODES) if service.supports["mode"] else ["dense"], "read_only": read_only,
-                "limits": limits.__dict__, "version": semsearch.__version__}
+                "limits": limits.__dict__, "version": semsearch.__version__,
+                "encoder_passes": {"passes": service.encoder.passes, "texts": service.encoder.texts}}
 
     @app.post("/search")
     async def search_post(req: SearchRequest):

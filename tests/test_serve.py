@@ -364,3 +364,29 @@ def test_cli_serve_help_and_missing_extra_message():
         require("no_such_framework_module", "serve")
     r = CliRunner().invoke(main, ["serve", "--index", "/nonexistent/idx"])
     assert r.exit_code == 1 and "no index at" in r.output
+
+
+def test_concurrent_encodes_share_passes_and_get_their_own_rows():
+    from concurrent.futures import ThreadPoolExecutor
+
+    from semsearch.serve import _SerialEncoder
+
+    class Picky(FakeEncoder):
+        def encode(self, texts, progress=None):
+            if any("boom" in t for t in texts):
+                raise InputError("cannot encode boom")
+            time.sleep(0.005)  # a pass takes a while, so callers queue up behind it
+            return super().encode(texts, progress)
+
+    ref, enc = FakeEncoder(), _SerialEncoder(Picky(), max_batch=8)
+    texts = [[f"text {i} about topic {i % 7}"] * (1 + i % 3) for i in range(64)]
+    with ThreadPoolExecutor(8) as pool:
+        out = list(pool.map(enc.encode, texts))
+        assert enc.texts == sum(map(len, texts)) and enc.passes <= 64
+        futures = [pool.submit(enc.encode, ["fine text"]), pool.submit(enc.encode, ["boom"]), pool.submit(enc.encode, ["also fine"])]
+    for t, v in zip(texts, out):
+        np.testing.assert_allclose(v, ref.encode(t), atol=1e-6)
+    np.testing.assert_allclose(futures[0].result(), ref.encode(["fine text"]), atol=1e-6)
+    np.testing.assert_allclose(futures[2].result(), ref.encode(["also fine"]), atol=1e-6)
+    with pytest.raises(InputError, match="boom"):
+        futures[1].result()
