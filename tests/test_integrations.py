@@ -80,11 +80,14 @@ def test_llamaindex_filters_become_where():
     from semsearch.integrations.llamaindex import where_from_filters
 
     f = MetadataFilters(filters=[MetadataFilter(key="lang", value="en"), MetadataFilter(key="year", operator=">=", value=2020)])
-    assert where_from_filters(f) == {"lang": "en", "year>=": 2020}
+    assert where_from_filters(f) == {"lang": "en", "year": {">=": 2020}}
+    f = MetadataFilters(filters=[MetadataFilter(key="year", operator=">=", value=2020), MetadataFilter(key="year", operator="<", value=2024),
+                                 MetadataFilter(key="tag", operator="in", value=["a", "b"])])
+    assert where_from_filters(f) == {"year": {">=": 2020, "<": 2024}, "tag": ["a", "b"]}
     with pytest.raises(InputError, match="AND"):
         where_from_filters(MetadataFilters(filters=[MetadataFilter(key="a", value=1)], condition=FilterCondition.OR))
     with pytest.raises(InputError, match="not supported"):
-        where_from_filters(MetadataFilters(filters=[MetadataFilter(key="a", operator="in", value=[1])]))
+        where_from_filters(MetadataFilters(filters=[MetadataFilter(key="a", operator="text_match", value="x")]))
 
 
 def test_haystack_component(sample_retriever, tmp_path):
@@ -120,8 +123,9 @@ def test_haystack_filters_become_where():
 
     f = {"operator": "AND", "conditions": [{"field": "meta.lang", "operator": "==", "value": "en"},
                                            {"field": "meta.year", "operator": ">=", "value": 2020}]}
-    assert where_from_haystack(f) == {"lang": "en", "year>=": 2020}
-    assert where_from_haystack({"field": "meta.lang", "operator": "!=", "value": "fr"}) == {"lang!=": "fr"}
+    assert where_from_haystack(f) == {"lang": "en", "year": {">=": 2020}}
+    assert where_from_haystack({"field": "meta.lang", "operator": "!=", "value": "fr"}) == {"lang": {"!=": "fr"}}
+    assert where_from_haystack({"field": "meta.lang", "operator": "not in", "value": ["fr", "de"]}) == {"lang": {"!=": ["fr", "de"]}}
     assert where_from_haystack({"lang": "en"}) == {"lang": "en"}
     with pytest.raises(InputError, match="OR"):
         where_from_haystack({"operator": "OR", "conditions": []})
@@ -132,6 +136,9 @@ def test_haystack_filters_become_where():
 def test_common_helpers(sample_retriever):
     with pytest.raises(InputError, match="cannot both hold"):
         where_from_comparisons([("a", "==", 1), ("a", "==", 2)])
+    assert where_from_comparisons([("a", "==", 1), ("a", "!=", 3)]) == {"a": {"=": 1, "!=": 3}}
+    with pytest.raises(InputError, match="takes a list"):
+        where_from_comparisons([("a", "in", 1)])
     hit = next(h for h in sample_retriever.search("loan decisions two business days", k=5) if h.path == "api:memo-7")
     meta = hit_metadata(hit)
     assert meta["doc_id"] == "memo-7" and meta["lang"] == "en" and "row" not in meta and meta["line"] == 1
@@ -154,6 +161,11 @@ def test_filters_reach_the_retriever(sample_retriever):
     assert [n.node.metadata["doc_id"] for n in li.retrieve("loan decision")] == ["memo-8"]
     hs = H(retriever=sample_retriever, top_k=5).run(query="loan decision", filters={"field": "meta.lang", "operator": "==", "value": "fr"})
     assert [d.meta["doc_id"] for d in hs["documents"]] == ["memo-8"]
+    newer = H(retriever=sample_retriever, top_k=5).run(query="loan decision", filters={
+        "operator": "AND", "conditions": [{"field": "meta.year", "operator": ">=", "value": 2024}]})
+    assert [d.meta["doc_id"] for d in newer["documents"]] == ["memo-7"]
+    li = LI(sample_retriever, similarity_top_k=5, filters=MetadataFilters(filters=[MetadataFilter(key="year", operator="<", value=2024)]))
+    assert [n.node.metadata["doc_id"] for n in li.retrieve("loan decision")] == ["memo-8"]
 
 
 @pytest.mark.skipif(HAS_WHERE, reason="Retriever takes where")

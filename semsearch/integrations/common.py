@@ -7,8 +7,10 @@ from typing import Any, Iterable
 
 from semsearch.errors import InputError
 
-# The comparisons a `where` dict spells with a suffix on the field name: {"year>=": 2020}.
-WHERE_OPERATORS = ("==", "!=", ">", ">=", "<", "<=")
+# Framework comparison operators -> those of semsearch's `where` ({field: {op: value}});
+# "in" / "not in" take a list (any of / none of).
+WHERE_OPERATORS = {"==": "=", "=": "=", "!=": "!=", ">": ">", ">=": ">=", "<": "<", "<=": "<=",
+                   "in": "=", "nin": "!=", "not in": "!="}
 
 
 def require(module: str, extra: str):
@@ -57,13 +59,17 @@ def hit_metadata(hit) -> dict[str, Any]:
 
 
 def where_from_comparisons(comparisons: Iterable[tuple[str, str, Any]]) -> dict[str, Any]:
-    """A `where` dict from (field, operator, value) comparisons joined by AND."""
-    where: dict[str, Any] = {}
+    """A `where` dict from (field, operator, value) comparisons joined by AND:
+    {"lang": "en", "year": {">=": 2020, "<": 2024}, "tag": ["a", "b"]}."""
+    where: dict[str, dict[str, Any]] = {}
     for field, op, value in comparisons:
         if op not in WHERE_OPERATORS:
             raise InputError(f"filter operator {op!r} on {field!r} is not supported; supported: {', '.join(WHERE_OPERATORS)}")
-        key = field if op == "==" else field + op
-        if key in where and where[key] != value:
-            raise InputError(f"two filters on {field!r} {op} {where[key]!r} and {value!r} cannot both hold")
-        where[key] = value
-    return where
+        if op in ("in", "nin", "not in") and not isinstance(value, (list, tuple)):
+            raise InputError(f"filter operator {op!r} on {field!r} takes a list, got {value!r}")
+        ours = WHERE_OPERATORS[op]
+        conds = where.setdefault(field, {})
+        if ours in conds and conds[ours] != value:
+            raise InputError(f"two filters on {field!r} {op} {conds[ours]!r} and {value!r} cannot both hold")
+        conds[ours] = list(value) if isinstance(value, tuple) else value
+    return {k: (c["="] if list(c) == ["="] else c) for k, c in where.items()}

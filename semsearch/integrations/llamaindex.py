@@ -20,7 +20,7 @@ from llama_index.core.vector_stores.types import MetadataFilters  # noqa: E402
 
 class SemsearchRetriever(BaseRetriever):
     """LlamaIndex retriever over a semsearch `Retriever`. `filters` (LlamaIndex MetadataFilters,
-    AND of ==, !=, >, >=, <, <=) or a plain `where` dict become semsearch's `where`."""
+    AND of ==, !=, >, >=, <, <=, in, nin) or a plain `where` dict become semsearch's `where`."""
 
     def __init__(self, retriever, similarity_top_k: int = 4, mode: str | None = None,
                  filters: MetadataFilters | None = None, where: dict[str, Any] | None = None, **kwargs: Any) -> None:
