@@ -389,3 +389,14 @@ def test_concurrent_encodes_share_passes_and_get_their_own_rows():
     np.testing.assert_allclose(futures[2].result(), ref.encode(["also fine"]), atol=1e-6)
     with pytest.raises(InputError, match="boom"):
         futures[1].result()
+
+
+def test_openai_client_reads_the_embeddings(fake_server):
+    """The official `openai` client (which asks for base64) against /v1/embeddings."""
+    openai = pytest.importorskip("openai")  # comes with llama-index-core
+    url, _ = fake_server
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+    r = client.embeddings.create(input=["lentil soup", "comet debris"], model="fake-bow")
+    np.testing.assert_allclose(np.array([d.embedding for d in r.data]), FakeEncoder().encode(["lentil soup", "comet debris"]), atol=1e-6)
+    with pytest.raises(openai.UnprocessableEntityError, match="fake-bow"):
+        client.embeddings.create(input="soup", model="text-embedding-3-small")
