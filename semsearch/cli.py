@@ -83,6 +83,7 @@ def main(verbose: bool) -> None:
     semsearch info                        what the index holds
     semsearch eval DATASET --pooling cls,mean,max    retrieval quality on BEIR data
     semsearch train --beir DATASET --out heads/x     train a pooling head
+    semsearch serve                       search and embeddings over HTTP
     """
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s: %(message)s", stream=sys.stderr)
 
@@ -436,6 +437,28 @@ def train(beir, split, pairs, out, model, epochs, batch_size, lr, scale, hard_ne
     })
     click.echo(verdict)
     click.echo(f"saved head to {out} (fingerprint {info['fingerprint']})")
+
+
+@main.command()
+@index_option
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on. Anything but loopback lets other machines search (and, without --read-only, change) the index.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
+@device_option
+@click.option("--read-only", is_flag=True, help="Refuse POST /documents and DELETE /documents/{id}.")
+@click.option("--max-k", type=click.IntRange(min=1), default=1000, show_default=True, help="Largest k a search may ask for.")
+@click.option("--max-request-bytes", type=click.IntRange(min=1024), default=8 * 2**20, show_default=True, help="Largest request body.")
+@handle_errors
+def serve(index, host, port, device, read_only, max_k, max_request_bytes):
+    """Serve the index over HTTP: search, embeddings (OpenAI and TEI shapes), document upserts.
+
+    Needs `pip install 'semsearch[serve]'`. Interactive docs at http://HOST:PORT/docs.
+    """
+    from semsearch.serve import Limits, serve as run_server
+
+    try:
+        run_server(index, host, port, device, Limits(max_request_bytes=max_request_bytes, max_k=max_k), read_only)
+    except ImportError as e:
+        raise click.ClickException(str(e)) from e
 
 
 if __name__ == "__main__":  # pragma: no cover

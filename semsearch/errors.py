@@ -28,3 +28,7 @@ class SettingsMismatch(SemsearchError):
 
 class IndexLocked(SemsearchError):
     """Another process is writing the same index."""
+
+
+class DocumentNotFound(InputError):
+    """A document id that the index does not hold."""

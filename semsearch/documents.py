@@ -1,0 +1,205 @@
+"""Documents given by a program (the HTTP API, a script) rather than read from files.
+
+Each such document is stored as a pseudo-file whose path is `api:<id>`, with one document and
+its chunks, so it is searched, chunked, kept and rebuilt exactly like a file's. A later
+`semsearch index CORPUS` only removes files under CORPUS, never `api:` documents; `--rebuild`
+starts from nothing and drops them too.
+
+Every call is one write of the index folder: it takes the writer lock, builds the next generation
+from the current one (copying the docstore: the cost grows with the index, so send documents in
+batches) and publishes it with one rename. Readers keep the previous generation until then.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from semsearch.corpus.chunking import ChunkSettings, chunk_text, line_of
+from semsearch.errors import DocumentNotFound, InputError, SettingsMismatch
+from semsearch.store.docstore import ChunkRow
+from semsearch.store.folder import IndexWriter, now
+from semsearch.store.manifest import Manifest
+
+PREFIX = "api:"
+MAX_ID_CHARS = 256
+
+
+@dataclass
+class Document:
+    """A document to upsert: its id (unique in the index), text and metadata (JSON values)."""
+
+    id: str
+    text: str
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class WriteReport:
+    added: int = 0  # documents
+    updated: int = 0
+    unchanged: int = 0  # same text and metadata as stored: nothing re-embedded
+    deleted: int = 0
+    chunks: int = 0  # chunks embedded
+    generation: int = 0  # the index generation that holds the change
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def doc_path(doc_id: str) -> str:
+    """The docstore path of an API document."""
+    return PREFIX + doc_id
+
+
+def doc_id_of(path: str) -> str | None:
+    """The id of an API document from its docstore path (None for a file)."""
+    return path[len(PREFIX):] if path.startswith(PREFIX) else None
+
+
+def check_id(doc_id: Any) -> str:
+    """doc_id if it is a usable document id, else InputError saying why."""
+    if not isinstance(doc_id, str) or not doc_id.strip():
+        raise InputError(f"a document id must be a non-empty string, got {doc_id!r}")
+    if len(doc_id) > MAX_ID_CHARS:
+        raise InputError(f"document id {doc_id[:40]!r}… is {len(doc_id)} characters; the most is {MAX_ID_CHARS}")
+    if any(ord(c) < 32 or c == "\x7f" for c in doc_id):
+        raise InputError(f"document id {doc_id!r} contains control characters")
+    return doc_id
+
+
+def _check(docs: list[Document]) -> None:
+    seen: set[str] = set()
+    for i, d in enumerate(docs):
+        check_id(d.id)
+        if d.id in seen:
+            raise InputError(f"document id {d.id!r} appears twice in one request")
+        seen.add(d.id)
+        if not isinstance(d.text, str) or not d.text.strip():
+            raise InputError(f"document {d.id!r} has no text")
+        if not isinstance(d.metadata, Mapping) or not all(isinstance(k, str) for k in d.metadata):
+            raise InputError(f"the metadata of document {d.id!r} must be an object with string keys")
+        try:
+            json.dumps(d.metadata, allow_nan=False)
+        except (TypeError, ValueError) as e:
+            raise InputError(f"the metadata of document {d.id!r} is not plain JSON: {e}") from e
+
+
+def _digest(d: Document) -> str:
+    blob = json.dumps({"text": d.text, "metadata": d.metadata}, sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+def _check_encoder(base: Manifest, encoder, folder: Path) -> None:
+    from semsearch.indexing import check_settings
+
+    if check_settings(base, encoder, ChunkSettings(**base.chunking), folder):
+        raise SettingsMismatch(f"{folder} was built with pooling {base.pooling!r}; documents must be encoded with it, not {encoder.pooling!r}")
+
+
+def upsert_documents(folder: str | Path, docs: Iterable[Document], encoder, flush_chunks: int = 32) -> WriteReport:
+    """Add or replace documents by id in an existing index, in one new generation.
+
+    `encoder` must be the index's (same weights, pooling, head). Chunks are encoded in batches of
+    `flush_chunks`, so an encoder shared with searches is not held for the whole write."""
+    t0 = time.perf_counter()
+    folder = Path(folder)
+    docs = list(docs)
+    _check(docs)
+    base = Manifest.load(folder)
+    _check_encoder(base, encoder, folder)
+    chunking = ChunkSettings(**base.chunking)
+    report = WriteReport()
+    writer = IndexWriter(folder, base.dim, base)
+    try:
+        store = writer.docs
+        stored = store.files()
+        pending: list[ChunkRow] = []
+
+        def flush() -> None:
+            if not pending:
+                return
+            texts = [c.text for c in pending]
+            if base.states:  # the index keeps token states for re-pooling: so must these chunks
+                vecs, states = encoder.encode_with_states(texts, progress=False)
+                for c, st in zip(pending, states):
+                    c.state = writer.append_states(st)
+            else:
+                vecs = encoder.encode(texts, progress=False)
+            writer.vectors.add(store.add_chunks(pending, vecs), vecs)
+            report.chunks += len(pending)
+            pending.clear()
+
+        for d in docs:
+            digest = _digest(d)
+            old = stored.get(doc_path(d.id))
+            if old is not None and old.hash == digest:
+                report.unchanged += 1
+                continue
+            rows = [ChunkRow(0, None, i, c.start, c.end, line_of(d.text, c.start), c.text, dict(d.metadata))
+                    for i, c in enumerate(chunk_text(d.text, encoder.token_offsets, chunking))]
+            if not rows:
+                raise InputError(f"document {d.id!r} has no text the model can read")
+            if old is not None:
+                writer.vectors.remove(store.remove_file(old.id))
+                report.updated += 1
+            else:
+                report.added += 1
+            file_id = store.add_file(doc_path(d.id), digest, len(d.text.encode("utf-8")), 0, now())
+            store.set_documents(file_id, 1)
+            for r in rows:
+                r.file_id = file_id
+                pending.append(r)
+                if len(pending) >= flush_chunks:
+                    flush()
+        flush()
+        _commit(writer, base)
+    except BaseException:
+        writer.abort()
+        raise
+    report.generation = writer.gen
+    report.seconds = round(time.perf_counter() - t0, 3)
+    return report
+
+
+def delete_documents(folder: str | Path, ids: Iterable[str]) -> WriteReport:
+    """Remove documents by id, in one new generation; DocumentNotFound (nothing removed) if any
+    id is not in the index."""
+    t0 = time.perf_counter()
+    folder = Path(folder)
+    ids = [check_id(i) for i in ids]
+    base = Manifest.load(folder)
+    report = WriteReport()
+    writer = IndexWriter(folder, base.dim, base)
+    try:
+        stored = writer.docs.files()
+        missing = [i for i in ids if doc_path(i) not in stored]
+        if missing:
+            raise DocumentNotFound(f"no document with id {missing[0]!r} in {folder}")
+        for i in dict.fromkeys(ids):
+            writer.vectors.remove(writer.docs.remove_file(stored[doc_path(i)].id))
+            report.deleted += 1
+        _commit(writer, base)
+    except BaseException:
+        writer.abort()
+        raise
+    report.generation = writer.gen
+    report.seconds = round(time.perf_counter() - t0, 3)
+    return report
+
+
+def _commit(writer: IndexWriter, base: Manifest) -> None:
+    from semsearch.indexing import VectorSettings, finalize_vectors
+
+    entry = finalize_vectors(writer, base.dim, VectorSettings(), base)
+    # The manifest stays the index run's (its settings and last run); only what changed is new.
+    manifest = dataclasses.replace(base, counts=writer.docs.counts(), index=entry)
+    writer.commit(manifest)
+
+
+__all__ = ["Document", "WriteReport", "check_id", "delete_documents", "doc_id_of", "doc_path", "upsert_documents"]
