@@ -9,7 +9,9 @@ from typing import Any, Sequence
 import numpy as np
 
 from semsearch.errors import InputError, SettingsMismatch
+from semsearch.querycheck import warn_truncated
 from semsearch.store.folder import index_path, open_index
+from semsearch.store.integrity import manifest_stamp
 
 
 @dataclass
@@ -59,6 +61,8 @@ class Retriever:
         self.vectors = vectors
         self.docs = docs
         self.encoder = encoder
+        self.auto_refresh = True  # search() picks up a new generation (one stat of manifest.json a call)
+        self._stamp = manifest_stamp(self.folder)
 
     @classmethod
     def load(
@@ -98,8 +102,19 @@ class Retriever:
     def __len__(self) -> int:
         return self.vectors.ntotal
 
+    def refresh(self) -> bool:
+        """Open the index's current generation if a writer published a new one since this
+        Retriever loaded it; gives back True when it did. The encoder is kept (a new generation
+        with other model weights or pooling is refused). search() calls this on its own while
+        `auto_refresh` is on: a stat of manifest.json, a few microseconds."""
+        from semsearch.store.refresh import reopen
+
+        return reopen(self)
+
     def search(self, query: str, k: int = 10) -> list[Hit]:
         """The k chunks most similar to query, best first."""
+        if not isinstance(query, str):
+            raise InputError(f"the query must be a string, got {type(query).__name__}")
         return self.search_batch([query], k)[0]
 
     def search_batch(self, queries: Sequence[str], k: int = 10) -> list[list[Hit]]:
@@ -107,12 +122,17 @@ class Retriever:
         if isinstance(queries, str):
             raise InputError("search_batch takes a list of queries; use search() for one")
         for i, q in enumerate(queries):
+            if not isinstance(q, str):
+                raise InputError(f"query {i + 1} must be a string, got {type(q).__name__}")
             if not q or not q.strip():
                 raise InputError(f"query {i + 1} is empty" if len(queries) > 1 else "the query is empty")
         if k < 1:
             raise InputError(f"k must be at least 1, got {k}")
         if not queries:
             return []
+        warn_truncated(self.encoder, queries)
+        if self.auto_refresh and manifest_stamp(self.folder) != self._stamp:
+            self.refresh()
         qv = self.encoder.encode(list(queries), progress=False)
         return self.search_vectors(qv, k)
 

@@ -9,6 +9,9 @@ from typing import Any, Iterable, Iterator
 
 import numpy as np
 
+from semsearch.errors import IndexFormatError
+from semsearch.store.integrity import connect_readonly, remedy
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS files (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -16,6 +19,8 @@ CREATE TABLE IF NOT EXISTS files (
     hash TEXT NOT NULL,             -- sha256 of the bytes
     size INTEGER NOT NULL,
     mtime_ns INTEGER NOT NULL,
+    ctime_ns INTEGER NOT NULL DEFAULT 0,  -- with the inode: a restored mtime cannot hide an edit
+    inode INTEGER NOT NULL DEFAULT 0,
     documents INTEGER NOT NULL,
     indexed_at TEXT NOT NULL
 );
@@ -59,16 +64,22 @@ class StoredFile:
     size: int
     mtime_ns: int
     documents: int
+    ctime_ns: int = 0
+    inode: int = 0
 
 
 class DocStore:
     def __init__(self, path: Path, readonly: bool = False):
         self.path = Path(path)
         if readonly:
-            self.db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, check_same_thread=False)
+            self.db = connect_readonly(self.path, check_same_thread=False)  # by quoted URI: '#', '?', '%' in paths
         else:
             self.db = sqlite3.connect(self.path)
             self.db.executescript(SCHEMA)
+            cols = {r[1] for r in self.db.execute("PRAGMA table_info(files)")}
+            for col in ("ctime_ns", "inode"):  # docstores written before these columns
+                if col not in cols:
+                    self.db.execute(f"ALTER TABLE files ADD COLUMN {col} INTEGER NOT NULL DEFAULT 0")
         self.db.execute("PRAGMA foreign_keys = ON")
 
     def close(self) -> None:
@@ -79,21 +90,22 @@ class DocStore:
 
     # ---- files ---------------------------------------------------------------------------
     def files(self) -> dict[str, StoredFile]:
-        rows = self.db.execute("SELECT id, path, hash, size, mtime_ns, documents FROM files")
+        rows = self.db.execute("SELECT id, path, hash, size, mtime_ns, documents, ctime_ns, inode FROM files")
         return {r[1]: StoredFile(*r) for r in rows}
 
-    def add_file(self, path: str, hash: str, size: int, mtime_ns: int, now: str) -> int:
+    def add_file(self, path: str, hash: str, size: int, mtime_ns: int, now: str, ctime_ns: int = 0, inode: int = 0) -> int:
         cur = self.db.execute(
-            "INSERT INTO files (path, hash, size, mtime_ns, documents, indexed_at) VALUES (?, ?, ?, ?, 0, ?)",
-            (path, hash, size, mtime_ns, now),
+            "INSERT INTO files (path, hash, size, mtime_ns, documents, indexed_at, ctime_ns, inode) VALUES (?, ?, ?, ?, 0, ?, ?, ?)",
+            (path, hash, size, mtime_ns, now, ctime_ns, inode),
         )
         return int(cur.lastrowid)
 
     def set_documents(self, file_id: int, documents: int) -> None:
         self.db.execute("UPDATE files SET documents = ? WHERE id = ?", (documents, file_id))
 
-    def touch_file(self, file_id: int, size: int, mtime_ns: int) -> None:
-        self.db.execute("UPDATE files SET size = ?, mtime_ns = ? WHERE id = ?", (size, mtime_ns, file_id))
+    def touch_file(self, file_id: int, size: int, mtime_ns: int, ctime_ns: int = 0, inode: int = 0) -> None:
+        self.db.execute("UPDATE files SET size = ?, mtime_ns = ?, ctime_ns = ?, inode = ? WHERE id = ?",
+                        (size, mtime_ns, ctime_ns, inode, file_id))
 
     def remove_file(self, file_id: int) -> np.ndarray:
         """Delete a file and its chunks; gives back the removed chunk ids."""
@@ -123,11 +135,14 @@ class DocStore:
         if not ids:
             return {}
         marks = ",".join("?" * len(ids))
-        rows = self.db.execute(
-            "SELECT c.id, f.path, c.row, c.ord, c.start, c.end, c.line, c.text, c.metadata"
-            f" FROM chunks c JOIN files f ON f.id = c.file_id WHERE c.id IN ({marks})",
-            ids,
-        )
+        try:
+            rows = self.db.execute(
+                "SELECT c.id, f.path, c.row, c.ord, c.start, c.end, c.line, c.text, c.metadata"
+                f" FROM chunks c JOIN files f ON f.id = c.file_id WHERE c.id IN ({marks})",
+                ids,
+            ).fetchall()
+        except sqlite3.DatabaseError as e:  # a damaged page that the load-time checks did not read
+            raise IndexFormatError(f"{self.path}: damaged ({e}); {remedy(self.path.parent)}") from e
         out = {}
         for cid, path, row, ord_, start, end, line, text, meta in rows:
             out[cid] = dict(id=cid, path=path, row=row, chunk=ord_, start=start, end=end, line=line,
