@@ -16,8 +16,10 @@ BLOCK_CHARS = 1 << 20
 _WS = (" ", "\n", "\t", "\r")
 
 
-def text_blocks(path: Path, block_chars: int = BLOCK_CHARS, on_bytes: Callable[[int], None] | None = None) -> Iterator[str]:
-    """The UTF-8 text of a file (BOM dropped, newlines as they are) in blocks of block_chars."""
+def text_blocks(path: Path, block_chars: int | None = None, on_bytes: Callable[[int], None] | None = None) -> Iterator[str]:
+    """The UTF-8 text of a file (BOM dropped, newlines as they are) in blocks of block_chars;
+    on_bytes(n) is told of each block's size in bytes (for a progress bar)."""
+    block_chars = block_chars or BLOCK_CHARS
     with open(path, "rb") as raw:
         import io
 
