@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import sqlite3
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +20,7 @@ from semsearch.encoder.models import weight_stats
 from semsearch.errors import CorpusError, InputError, SettingsMismatch
 from semsearch.store.docstore import ChunkRow
 from semsearch.store.folder import IndexWriter, now
+from semsearch.store.integrity import damaged
 from semsearch.store.manifest import Manifest
 
 log = logging.getLogger(__name__)
@@ -276,10 +278,12 @@ def index_corpus(
         manifest.last_run = {k: v for k, v in report.as_dict().items() if k not in ("totals", "index")}
         manifest.last_run["at"] = now()
         writer.commit(manifest)
-    except BaseException:
+    except BaseException as e:
         if cache is not None:
             cache.close()  # kept: the next run takes the vectors embedded so far from it
         writer.abort()
+        if isinstance(e, sqlite3.DatabaseError):  # the copied docstore had damage its checks did not reach
+            raise damaged(folder, base.files["docs"] if base else "docs", f"damaged ({e})") from e
         raise
     if cache is not None:
         cache.drop()

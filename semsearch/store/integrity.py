@@ -67,6 +67,22 @@ def check_manifest(raw: Any, path: Path) -> None:
         for k, v in raw.get(key, {}).items():
             if not isinstance(v, int) or isinstance(v, bool):
                 raise damaged(folder, path.name, f"damaged manifest ({key}.{k} is not an integer)")
+    index, head, states = raw.get("index", {}), raw.get("head"), raw.get("states")
+    if not isinstance(index.get("params", {}), dict):
+        raise damaged(folder, path.name, "damaged manifest (index.params is not an object)")
+    if head is not None and not (isinstance(head.get("path"), str) and isinstance(head.get("fingerprint"), str)):
+        raise damaged(folder, path.name, "damaged manifest (head needs a path and a fingerprint)")
+    if states is not None and not (states.get("dtype") == "float16" and isinstance(states.get("dim"), int)
+                                   and not isinstance(states.get("dim"), bool) and states["dim"] > 0):
+        raise damaged(folder, path.name, "damaged manifest (states needs dtype float16 and a dim)")
+    rec = raw.get("integrity")
+    if rec is not None:
+        recs = rec.get("files")
+        if not isinstance(recs, dict) or not all(
+                isinstance(v, dict) and _is_int(v.get("size")) and isinstance(v.get("fingerprint"), str)
+                and isinstance(v.get("sha256"), str) for v in recs.values()) \
+                or not _is_int(rec.get("ntotal")) or not isinstance(rec.get("ids"), str):
+            raise damaged(folder, path.name, "damaged manifest (integrity records)")
     files = raw.get("files", {})
     for role, name in files.items():
         if role not in ("vectors", "docs") or not isinstance(name, str) or not DATA_FILE.fullmatch(name) \
@@ -76,6 +92,10 @@ def check_manifest(raw: Any, path: Path) -> None:
         raise damaged(folder, path.name, "damaged manifest (dim or max_length out of range)")
     if raw.get("index", {}).get("type", "flat") not in ("flat", "ivf", "ivf-fastscan", "ivf-sq8", "hnsw"):
         raise damaged(folder, path.name, f"damaged manifest (unknown index type {raw['index'].get('type')!r})")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 # ---- fingerprints ------------------------------------------------------------------------------
