@@ -217,6 +217,18 @@ def info(index, as_json, verify):
     if as_json:
         click.echo(m.to_json())
         return
+    try:
+        rows = _info_rows(folder, m)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:  # fields a damaged manifest left out or mistyped
+        from semsearch.store.integrity import damaged
+
+        raise damaged(folder, "manifest.json", f"damaged manifest ({type(e).__name__}: {e})") from e
+    w = max(len(k) for k, _ in rows)
+    for key, val in rows:
+        click.echo(f"{key:<{w}}  {val}")
+
+
+def _info_rows(folder, m) -> list[tuple[str, object]]:
     last = m.last_run or {}
     rows = [
         ("index", str(folder)),
@@ -239,9 +251,7 @@ def info(index, as_json, verify):
         r = m.index["recall"]
         rows.append(("index recall", f"{r['recall']:.3f} recall@{r['k']} against exact search on {r['queries']} queries "
                                      f"(target {r['target']}{', ' + r['knob'] + '=' + str(r['value']) if 'knob' in r else ''})"))
-    w = max(len(k) for k, _ in rows)
-    for key, val in rows:
-        click.echo(f"{key:<{w}}  {val}")
+    return rows
 
 
 @main.command("eval")

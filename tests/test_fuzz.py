@@ -20,6 +20,9 @@ from pathlib import Path
 
 import pytest
 
+from click.testing import CliRunner
+
+from semsearch.cli import main
 from semsearch.corpus.readers import ReadOptions
 from semsearch.errors import SemsearchError
 from semsearch.indexing import index_corpus
@@ -161,6 +164,11 @@ def test_fuzz_index_files(tmp_path, base):
                     (d / name).write_bytes(data)
             ctx = f"case {case} {target}: {what}"
             damaged = snapshot(d)
+            # info and info --verify: a report, or a one-line error (never a traceback)
+            for args in (["info"], ["info", "--verify"], ["info", "--json"]):
+                res = CliRunner().invoke(main, args + ["--index", str(d)])
+                assert res.exit_code == 0 or isinstance(res.exception, SystemExit), f"{ctx}: {args}: {res.exception!r}"
+                tally[f"{' '.join(args)}: {'ok' if res.exit_code == 0 else 'error'}"] += 1
             # query: the same answers as before, or a clear error
             try:
                 got = answers(d)

@@ -271,12 +271,12 @@ def _read_parquet(path: Path, opts: ReadOptions) -> Iterator[Document]:
     try:
         pf = pq.ParquetFile(path)
     except Exception as e:  # noqa: BLE001 - pyarrow raises several error types for a bad file
-        raise CorpusError(f"{path}: not a readable Parquet file: {e}") from e
+        raise CorpusError(f"{path}: not a readable Parquet file: {' '.join(str(e).split())}") from e
     def rows():
         try:
             for batch in pf.iter_batches(batch_size=2000):
                 yield from batch.to_pylist()
         except Exception as e:  # noqa: BLE001 - a damaged row group shows only when it is read
-            raise CorpusError(f"{path}: damaged Parquet data: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
+            raise CorpusError(f"{path}: damaged Parquet data: {' '.join(str(e).split()) or type(e).__name__}") from e
 
     yield from _read_records(path, opts, enumerate(rows(), 1))

@@ -71,6 +71,12 @@ class IndexWriter:
         except BlockingIOError as e:
             self._lock.close()
             raise IndexLocked(f"{folder} is being written by another semsearch process") from e
+        if base is not None:  # a damaged base stops the run before anything is cleaned or written
+            try:
+                integrity.check_files(self.folder, base)
+            except BaseException:
+                self._release()
+                raise
         current = _current_files(self.folder)
         self._clean(keep=current)  # leftovers of an interrupted run
         self.gen = max([_gen_of(p.name) for p in self.folder.iterdir()] + [0]) + 1

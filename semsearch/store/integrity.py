@@ -63,7 +63,9 @@ def check_manifest(raw: Any, path: Path) -> None:
     for key, typ in _TYPES.items():
         if key in raw and (not isinstance(raw[key], typ) or (typ is int and isinstance(raw[key], bool))):
             raise damaged(folder, path.name, f"damaged manifest ({key!r} is {type(raw[key]).__name__})")
-    for key in ("chunking", "counts"):
+    for key, need in (("chunking", {"window", "overlap"}), ("counts", {"files", "documents", "chunks"})):
+        if key in raw and not need <= set(raw[key]):
+            raise damaged(folder, path.name, f"damaged manifest ({key} lacks {', '.join(sorted(need - set(raw[key])))})")
         for k, v in raw.get(key, {}).items():
             if not isinstance(v, int) or isinstance(v, bool):
                 raise damaged(folder, path.name, f"damaged manifest ({key}.{k} is not an integer)")
@@ -75,19 +77,22 @@ def check_manifest(raw: Any, path: Path) -> None:
     if states is not None and not (states.get("dtype") == "float16" and isinstance(states.get("dim"), int)
                                    and not isinstance(states.get("dim"), bool) and states["dim"] > 0):
         raise damaged(folder, path.name, "damaged manifest (states needs dtype float16 and a dim)")
+    files = raw.get("files", {})
+    if set(files) != {"vectors", "docs"}:
+        raise damaged(folder, path.name, f"damaged manifest (files {sorted(files)}, expected docs and vectors)")
+    for role, name in files.items():
+        if role not in ("vectors", "docs") or not isinstance(name, str) or not DATA_FILE.fullmatch(name) \
+                or not name.startswith(role + ".") or name.endswith(".sqlite") != (role == "docs"):
+            raise damaged(folder, path.name, f"damaged manifest (file {role!r} is {name!r}, not a data file of this folder)")
     rec = raw.get("integrity")
     if rec is not None:
         recs = rec.get("files")
         if not isinstance(recs, dict) or not all(
                 isinstance(v, dict) and _is_int(v.get("size")) and isinstance(v.get("fingerprint"), str)
                 and isinstance(v.get("sha256"), str) for v in recs.values()) \
-                or not _is_int(rec.get("ntotal")) or not isinstance(rec.get("ids"), str):
+                or not _is_int(rec.get("ntotal")) or not isinstance(rec.get("ids"), str) \
+                or not set(recs) <= set(raw.get("files", {}).values()):
             raise damaged(folder, path.name, "damaged manifest (integrity records)")
-    files = raw.get("files", {})
-    for role, name in files.items():
-        if role not in ("vectors", "docs") or not isinstance(name, str) or not DATA_FILE.fullmatch(name) \
-                or not name.startswith(role + ".") or name.endswith(".sqlite") != (role == "docs"):
-            raise damaged(folder, path.name, f"damaged manifest (file {role!r} is {name!r}, not a data file of this folder)")
     if raw.get("dim", 1) < 1 or raw.get("max_length", 3) < 3:
         raise damaged(folder, path.name, "damaged manifest (dim or max_length out of range)")
     if raw.get("index", {}).get("type", "flat") not in ("flat", "ivf", "ivf-fastscan", "ivf-sq8", "hnsw"):
