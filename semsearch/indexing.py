@@ -282,7 +282,7 @@ def index_corpus(
         if cache is not None:
             cache.close()  # kept: the next run takes the vectors embedded so far from it
         writer.abort()
-        if isinstance(e, sqlite3.DatabaseError):  # the copied docstore had damage its checks did not reach
+        if isinstance(e, (sqlite3.DatabaseError, UnicodeDecodeError)) and base is not None:  # the copied docstore had damage its checks did not reach
             raise damaged(folder, base.files["docs"] if base else "docs", f"damaged ({e})") from e
         raise
     if cache is not None:

@@ -141,12 +141,16 @@ class DocStore:
                 f" FROM chunks c JOIN files f ON f.id = c.file_id WHERE c.id IN ({marks})",
                 ids,
             ).fetchall()
-        except sqlite3.DatabaseError as e:  # a damaged page that the load-time checks did not read
+        except (sqlite3.DatabaseError, UnicodeDecodeError) as e:  # a damaged page that the load-time checks did not read
             raise IndexFormatError(f"{self.path}: damaged ({e}); {remedy(self.path.parent)}") from e
         out = {}
         for cid, path, row, ord_, start, end, line, text, meta in rows:
+            try:
+                metadata = json.loads(meta) if meta else {}
+            except (ValueError, TypeError, RecursionError) as e:
+                raise IndexFormatError(f"{self.path}: damaged (metadata of chunk {cid}: {e}); {remedy(self.path.parent)}") from e
             out[cid] = dict(id=cid, path=path, row=row, chunk=ord_, start=start, end=end, line=line,
-                            text=text, metadata=json.loads(meta) if meta else {})
+                            text=text, metadata=metadata)
         return out
 
     def iter_vectors(self, batch: int = 8192) -> Iterator[tuple[np.ndarray, np.ndarray]]:
@@ -154,6 +158,9 @@ class DocStore:
         cur = self.db.execute("SELECT id, vector FROM chunks ORDER BY id")
         while rows := cur.fetchmany(batch):
             ids = np.array([r[0] for r in rows], np.int64)
+            bad = [r[0] for r in rows if not isinstance(r[1], bytes) or len(r[1]) != len(rows[0][1] or b"") or not r[1]]
+            if bad:  # damage inside the database that its page checks cannot see
+                raise IndexFormatError(f"{self.path}: damaged (chunk {bad[0]} has no valid vector); {remedy(self.path.parent)}")
             yield ids, np.stack([np.frombuffer(r[1], np.float32) for r in rows])
 
     def iter_states_refs(self, batch: int = 4096) -> Iterator[list[tuple[int, str | None, int, int]]]:

@@ -36,7 +36,7 @@ def open_index(folder: Path, device: str = "cpu") -> tuple[Manifest, VectorIndex
     vectors = _load_vectors(folder, m, device)
     try:
         docs = DocStore(folder / m.files["docs"], readonly=True)
-    except sqlite3.Error as e:
+    except integrity.DB_ERRORS as e:
         raise integrity.damaged(folder, m.files["docs"], f"damaged ({e})") from e
     try:
         integrity.check_loaded(folder, m, vectors, docs)
@@ -90,7 +90,7 @@ class IndexWriter:
                 dst = sqlite3.connect(self.folder / self.docs_file)
                 try:
                     docs.db.backup(dst)
-                except sqlite3.Error as e:
+                except integrity.DB_ERRORS as e:
                     raise integrity.damaged(self.folder, m.files["docs"], f"damaged ({e})") from e
                 finally:
                     docs.close()

@@ -20,6 +20,7 @@ import numpy as np
 
 from semsearch.errors import IndexFormatError
 
+DB_ERRORS = (sqlite3.Error, UnicodeDecodeError)  # a damaged TEXT value fails to decode
 EDGE = 1 << 20  # bytes hashed at each end of a file by the cheap fingerprint
 DATA_FILE = re.compile(r"(docs|vectors)\.[0-9]{1,18}\.(sqlite|faiss)")
 _ID_MIX = np.uint64(0x9E3779B97F4A7C15)
@@ -218,7 +219,7 @@ def check_loaded(folder: Path, m, vectors, docs) -> None:
         raise damaged(folder, m.files["vectors"], "its ids do not match the manifest (damaged, or from another index)")
     try:
         chunks = docs.db.execute("SELECT COUNT(*) FROM chunks").fetchone()[0]
-    except sqlite3.Error as e:
+    except DB_ERRORS as e:
         raise damaged(folder, m.files["docs"], f"damaged ({e})") from e
     if chunks != n:
         raise damaged(folder, m.files["docs"], f"holds {chunks} chunks but the vector index {n}")
@@ -246,7 +247,7 @@ def verify(folder: Path) -> list[str]:
             db_ids = np.array([r[0] for r in docs.db.execute("SELECT id FROM chunks")], np.int64)
             if ids_fingerprint(db_ids) != ids_fingerprint(faiss_ids(vectors.index)):
                 problems.append(str(damaged(folder, m.files["docs"], "its chunk ids differ from the vector index's")))
-        except sqlite3.Error as e:
+        except DB_ERRORS as e:
             problems.append(str(damaged(folder, m.files["docs"], f"damaged ({e})")))
     finally:
         docs.close()
