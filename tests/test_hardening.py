@@ -411,3 +411,45 @@ def test_a_query_past_the_model_length_is_noticed(built, caplog):
     with caplog.at_level(logging.WARNING):
         r.search("word " * 39)
     assert "longer than the model's 40 tokens: only its first 38 tokens are searched" in caplog.text
+
+
+KILLED_CHILD = """
+import sys, time
+sys.path.insert(0, {tests!r})
+from pathlib import Path
+from conftest import FakeEncoder
+from semsearch.corpus import ChunkSettings
+from semsearch.indexing import index_corpus
+
+class Slow(FakeEncoder):
+    def encode(self, texts, progress=None):
+        out = super().encode(texts, progress)
+        print("encoded", self.calls, flush=True)
+        time.sleep(0.2)
+        return out
+
+index_corpus(Path(sys.argv[1]), Path(sys.argv[2]), Slow(), chunking=ChunkSettings(20, 4), flush_chunks=16)
+"""
+
+
+def test_a_run_killed_with_sigkill_resumes_what_it_had_embedded(tmp_path):
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    src = corpus(tmp_path / "corpus", {"big.txt": " ".join(f"word{i}" for i in range(6000))})
+    folder = tmp_path / "idx"
+    script = tmp_path / "child.py"
+    script.write_text(KILLED_CHILD.format(tests=str(REPO / "tests")))
+    p = subprocess.Popen([sys.executable, str(script), str(src), str(folder)], stdout=subprocess.PIPE, text=True)
+    for line in p.stdout:  # let it embed a few batches, then kill -9 it mid-run
+        if line.startswith("encoded") and int(line.split()[1]) >= 192:
+            p.kill()
+            break
+    p.wait()
+    assert p.returncode == -9 and not (folder / "manifest.json").exists()
+    enc = FakeEncoder()
+    rep = index_corpus(src, folder, enc, chunking=ChunkSettings(20, 4), flush_chunks=16)
+    total = Manifest.load(folder).counts["chunks"]
+    assert rep.resumed >= 128 and enc.calls == total - rep.resumed  # the batch being embedded at the kill is lost
