@@ -34,10 +34,14 @@ def index_option(fn):
     )(fn)
 
 
-def device_option(fn):
+DEVICE_HELP = "Where the encoder runs, and the FAISS index where faiss-gpu is installed: auto picks a CUDA GPU when one is present."
+QUERY_DEVICE_HELP = ("auto and cpu: encode the query and search on the CPU (a one-shot query is faster there than "
+                     "starting CUDA); cuda: the encoder, and the FAISS index where faiss-gpu is installed, on the GPU.")
+
+
+def device_option(fn, help: str = DEVICE_HELP):
     return click.option(
-        "--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
-        help="Where the encoder runs, and the FAISS index where faiss-gpu is installed: auto picks a CUDA GPU when one is present.",
+        "--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True, help=help,
     )(fn)
 
 
@@ -100,7 +104,8 @@ def main(verbose: bool) -> None:
 @click.option("--chunk-tokens", type=int, default=None, help="Tokens per chunk. Default: the model's max length - 2 (254).")
 @click.option("--overlap", type=int, default=None, help="Tokens shared by consecutive chunks. Default: 32.")
 @click.option("--text-column", default=None, help="Column (CSV/TSV/Parquet) or field (JSON/JSONL) holding the text; 'title,text' joins several. Default: found automatically.")
-@click.option("--skip-errors", is_flag=True, help="Skip malformed CSV/JSONL lines with a warning instead of stopping.")
+@click.option("--skip-errors", is_flag=True, help="Skip malformed CSV/JSONL lines, and files that cannot be read (any format), with a warning instead of stopping; the summary lists the files.")
+@click.option("--checksum", is_flag=True, help="Hash every file to find changes, instead of trusting an unchanged size, mtime, ctime and inode.")
 @click.option("--rebuild", is_flag=True, help="Build the index anew (e.g. with another model or pooling) instead of updating it.")
 @click.option("--keep-states", is_flag=True, help="Keep every chunk's fp16 token states (768 bytes a token for MiniLM) so a new --pooling or --head re-pools the index without re-encoding.")
 @click.option("--index-type", type=click.Choice(["auto", "flat", "ivf", "ivf-fastscan", "ivf-sq8", "hnsw"]), default="auto", show_default=True,
@@ -112,8 +117,8 @@ def main(verbose: bool) -> None:
 @click.option("--progress/--no-progress", default=None, help="Progress bar. Default: shown on a terminal.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @handle_errors
-def index(corpus, index, model, pooling, head, device, precision, chunk_tokens, overlap, text_column, skip_errors, rebuild, keep_states,
-          index_type, target_recall, max_bytes_per_vector, progress, as_json):
+def index(corpus, index, model, pooling, head, device, precision, chunk_tokens, overlap, text_column, skip_errors, checksum, rebuild,
+          keep_states, index_type, target_recall, max_bytes_per_vector, progress, as_json):
     """Index the files under CORPUS (a folder or one file) into an index folder.
 
     Reads .txt .md .rst .csv .tsv .jsonl .json .parquet, recursively; hidden and binary files are
@@ -121,7 +126,7 @@ def index(corpus, index, model, pooling, head, device, precision, chunk_tokens, 
     Writes are atomic: an interrupted run leaves the previous index usable.
     """
     from semsearch.corpus import ReadOptions
-    from semsearch.indexing import VectorSettings, encoder_for_index, index_corpus, load_base, resolve_chunking
+    from semsearch.indexing import VectorSettings, encoder_for_index, index_corpus, load_base, resolve_chunking, scan_corpus
     from semsearch.store import index_path
 
     folder = index_path(index)
@@ -129,17 +134,22 @@ def index(corpus, index, model, pooling, head, device, precision, chunk_tokens, 
         raise click.ClickException(f"corpus path {str(corpus)!r} does not exist")
     if pooling and len(pooling) > 1:
         raise click.BadParameter("index takes one pooling", param_hint="--pooling")
+    found = scan_corpus(corpus)  # an empty or unreadable corpus fails before the model loads
     base = load_base(folder, rebuild)
     enc = encoder_for_index(base, model, pooling[0] if pooling else None, head, device, precision)
     chunking = resolve_chunking(base, enc, chunk_tokens, overlap)
     vs = VectorSettings(index_type=index_type, target_recall=target_recall, max_bytes_per_vector=max_bytes_per_vector, device=device)
     report = index_corpus(corpus, folder, enc, chunking, ReadOptions(text_column, skip_errors), rebuild, progress,
-                          keep_states=keep_states, vectors=vs)
+                          keep_states=keep_states, vectors=vs, checksum=checksum, found=found)
     if as_json:
         click.echo(json.dumps(report.as_dict(), indent=2))
     else:
         for reason, n in report.skipped.items():
             click.echo(f"skipped {n} file(s): {reason}", err=True)
+        for line in report.skipped_files[:50]:
+            click.echo(f"  skipped {_printable(line)}", err=True)
+        if len(report.skipped_files) > 50:
+            click.echo(f"  ... and {len(report.skipped_files) - 50} more (--json lists them all)", err=True)
         click.echo(report.summary())
 
 
@@ -149,7 +159,7 @@ def index(corpus, index, model, pooling, head, device, precision, chunk_tokens, 
 @click.option("-k", "k", type=click.IntRange(min=1), default=10, show_default=True, help="Number of hits per query.")
 @click.option("--model", default=None, help="Check that the index was built with this model (queries always use the index's model).")
 @click.option("--pooling", default=None, type=click.Choice(POOLING_CHOICES + ("head",)), help="Check that the index was built with this pooling.")
-@device_option
+@functools.partial(device_option, help=QUERY_DEVICE_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Every field as JSON: an object for one query, a list for queries from stdin.")
 @click.option("--jsonl", "as_jsonl", is_flag=True, help="One JSON object per query per line: {query, hits}.")
 @click.option("--width", type=int, default=100, show_default=True, help="Snippet width in the table.")
@@ -171,6 +181,8 @@ def query(query, index, k, model, pooling, device, as_json, as_jsonl, width, mod
     from semsearch.errors import InputError
     from semsearch.search import Retriever
 
+    if as_json and as_jsonl:
+        raise click.UsageError("--json and --jsonl are exclusive: pick one")
     from_stdin = query == "-"
     queries = [line.strip() for line in sys.stdin if line.strip()] if from_stdin else [query]
     if not queries:
@@ -198,30 +210,57 @@ def query(query, index, k, model, pooling, device, as_json, as_jsonl, width, mod
 def _table(hits, width: int) -> str:
     if not hits:
         return "no hits"
-    src_w = min(max(len(h.location) for h in hits), 50)
+    src_w = min(max(len(_printable(h.location)) for h in hits), 50)
     lines = [f"{'rank':>4}  {'score':>6}  {'source':<{src_w}}  snippet"]
     for h in hits:
         snippet = " ".join(h.text.split())
         if len(snippet) > width:
             snippet = snippet[: width - 1] + "…"
-        loc = h.location if len(h.location) <= src_w else "…" + h.location[-(src_w - 1):]
+        loc = _printable(h.location)
+        loc = loc if len(loc) <= src_w else "…" + loc[-(src_w - 1):]
         lines.append(f"{h.rank:>4}  {h.score:>6.3f}  {loc:<{src_w}}  {snippet}")
     return "\n".join(lines)
+
+
+def _printable(s: str) -> str:
+    """s with control characters (a newline in a file name, say) escaped, so a table stays one line a row."""
+    return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in s)
 
 
 @main.command()
 @index_option
 @click.option("--json", "as_json", is_flag=True, help="The whole manifest as JSON.")
+@click.option("--verify", is_flag=True, help="Also read every byte: hashes of the data files, SQLite's integrity check, FAISS and SQLite id sets.")
 @handle_errors
-def info(index, as_json):
+def info(index, as_json, verify):
     """Show what an index holds and how it was built."""
+    from semsearch.errors import IndexFormatError
     from semsearch.store import Manifest, index_path
 
     folder = index_path(index)
     m = Manifest.load(folder)
+    if verify:
+        from semsearch.store.integrity import verify as verify_index
+
+        problems = verify_index(folder)
+        if problems:
+            raise IndexFormatError(problems[0] + (f" (and {len(problems) - 1} more problem(s))" if len(problems) > 1 else ""))
+        click.echo(f"verified: {folder} is whole ({', '.join(m.files.values())}: hashes, SQLite integrity, ids)", err=True)
     if as_json:
         click.echo(m.to_json())
         return
+    try:
+        rows = _info_rows(folder, m)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:  # fields a damaged manifest left out or mistyped
+        from semsearch.store.integrity import damaged
+
+        raise damaged(folder, "manifest.json", f"damaged manifest ({type(e).__name__}: {e})") from e
+    w = max(len(k) for k, _ in rows)
+    for key, val in rows:
+        click.echo(f"{key:<{w}}  {val}")
+
+
+def _info_rows(folder, m) -> list[tuple[str, object]]:
     last = m.last_run or {}
     rows = [
         ("index", str(folder)),
@@ -245,9 +284,7 @@ def info(index, as_json):
         r = m.index["recall"]
         rows.append(("index recall", f"{r['recall']:.3f} recall@{r['k']} against exact search on {r['queries']} queries "
                                      f"(target {r['target']}{', ' + r['knob'] + '=' + str(r['value']) if 'knob' in r else ''})"))
-    w = max(len(k) for k, _ in rows)
-    for key, val in rows:
-        click.echo(f"{key:<{w}}  {val}")
+    return rows
 
 
 def _modes_of(folder, m) -> str:

@@ -46,7 +46,11 @@ class Filter:
         sql, params = self.sql()
         try:
             rows = db.execute(sql + " ORDER BY c.id", params).fetchall()
-        except sqlite3.Error as e:
+        except sqlite3.DatabaseError as e:
+            if "malformed" in str(e) or "not a database" in str(e):
+                from semsearch.errors import IndexFormatError
+
+                raise IndexFormatError(f"the docstore is damaged ({e}); rebuild the index with --rebuild") from e
             raise InputError(f"cannot apply filter {' AND '.join(self.text)}: {e}") from e
         return np.array([r[0] for r in rows], np.int64)
 

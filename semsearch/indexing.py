@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import sqlite3
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,13 +12,15 @@ from typing import Any
 import numpy as np
 
 from semsearch.corpus.chunking import ChunkSettings, chunk_text, line_of
-from semsearch.corpus.readers import ReadOptions, Skip, read_documents
-from semsearch.corpus.walk import file_hash, walk
+from semsearch.corpus.readers import TEXT_EXTS, ReadOptions, Skip, _check_utf8, read_documents
+from semsearch.corpus.streaming import chunk_stream, text_blocks
+from semsearch.corpus.walk import WalkResult, file_hash, walk
 from semsearch.progress import bar as progress_bar
 from semsearch.encoder.models import weight_stats
 from semsearch.errors import CorpusError, InputError, SettingsMismatch
 from semsearch.store.docstore import ChunkRow
 from semsearch.store.folder import IndexWriter, now
+from semsearch.store.integrity import damaged
 from semsearch.store.manifest import Manifest
 
 log = logging.getLogger(__name__)
@@ -37,6 +40,8 @@ class IndexReport:
     repooled: int = 0  # chunks re-pooled from kept token states (new pooling or head)
     repool_seconds: float = 0.0
     totals: dict[str, int] = field(default_factory=dict)
+    skipped_files: list[str] = field(default_factory=list)  # 'path: reason' of files skipped while reading
+    resumed: int = 0  # chunks whose vectors an interrupted run had already embedded
 
     @property
     def chunks_per_s(self) -> float:
@@ -45,6 +50,7 @@ class IndexReport:
     def summary(self) -> str:
         skipped = sum(self.skipped.values())
         repool = f"re-pooled {self.repooled} chunk(s) from kept token states in {self.repool_seconds:.1f} s; " if self.repooled else ""
+        repool += f"resumed {self.resumed} chunk(s) embedded by an interrupted run; " if self.resumed else ""
         return repool + (
             f"{self.index}: {self.added} added, {self.updated} updated, {self.removed} removed, "
             f"{self.unchanged} unchanged file(s); embedded {self.documents} document(s), {self.chunks} chunk(s) "
@@ -56,6 +62,16 @@ class IndexReport:
         d = dict(self.__dict__)
         d["chunks_per_s"] = round(self.chunks_per_s, 2)
         return d
+
+
+def scan_corpus(corpus: Path) -> WalkResult:
+    """The corpus's indexable files; an InputError when there are none (checked before any
+    model is loaded, so a wrong path fails in milliseconds)."""
+    found = walk(Path(corpus))
+    if not found.files:
+        why = ", ".join(f"{n} {r}" for r, n in found.skipped.items()) or "no files"
+        raise InputError(f"no indexable files in {str(corpus)!r} ({why}); supported: .txt .md .rst .csv .tsv .jsonl .json .parquet")
+    return found
 
 
 def load_base(folder: Path, rebuild: bool) -> Manifest | None:
@@ -216,15 +232,17 @@ def index_corpus(
     flush_chunks: int = 512,
     keep_states: bool = False,
     vectors: VectorSettings | None = None,
+    checksum: bool = False,
+    found: WalkResult | None = None,
 ) -> IndexReport:
-    """Index (or incrementally update) `folder` from the files under `corpus`."""
+    """Index (or incrementally update) `folder` from the files under `corpus`. `checksum` hashes
+    every file instead of trusting unchanged size, times and inode; `found` is scan_corpus()'s."""
+    from semsearch.store.resume import ResumeCache, encoder_key
+
     t0 = time.perf_counter()
     corpus, folder = Path(corpus), Path(folder)
     read = read or ReadOptions()
-    found = walk(corpus)
-    if not found.files:
-        why = ", ".join(f"{n} {r}" for r, n in found.skipped.items()) or "no files"
-        raise InputError(f"no indexable files in {str(corpus)!r} ({why}); supported: .txt .md .rst .csv .tsv .jsonl .json .parquet")
+    found = found or scan_corpus(corpus)
     base = load_base(folder, rebuild)
     if base is not None and chunking is None:
         chunking = ChunkSettings(**base.chunking)
@@ -234,12 +252,16 @@ def index_corpus(
 
     report = IndexReport(index=str(folder), skipped=dict(found.skipped))
     writer = IndexWriter(folder, encoder.out_dim, base)
+    cache = None
     try:
+        cache = None if keep_states else ResumeCache(folder, encoder_key(encoder))
         if needs_repool:
             t = time.perf_counter()
             report.repooled = repool(writer, encoder)
             report.repool_seconds = round(time.perf_counter() - t, 2)
-        _update(writer, found.files, corpus.resolve(), encoder, chunking, read, report, progress, flush_chunks, keep_states)
+        _update(writer, found.files, corpus.resolve(), encoder, chunking, read, report, progress, flush_chunks, keep_states,
+                cache, checksum)
+        report.resumed = cache.reused if cache else 0
         index_entry = finalize_vectors(writer, encoder.out_dim, vectors or VectorSettings(), base)
         counts = writer.docs.counts()
         manifest = Manifest(
@@ -256,13 +278,20 @@ def index_corpus(
         manifest.last_run = {k: v for k, v in report.as_dict().items() if k not in ("totals", "index")}
         manifest.last_run["at"] = now()
         writer.commit(manifest)
-    except BaseException:
+    except BaseException as e:
+        if cache is not None:
+            cache.close()  # kept: the next run takes the vectors embedded so far from it
         writer.abort()
+        if isinstance(e, (sqlite3.DatabaseError, UnicodeDecodeError)) and base is not None:  # the copied docstore had damage its checks did not reach
+            raise damaged(folder, base.files["docs"] if base else "docs", f"damaged ({e})") from e
         raise
+    if cache is not None:
+        cache.drop()
     return report
 
 
-def _update(writer, files, root, encoder, chunking, read, report, progress, flush_chunks, keep_states) -> None:
+def _update(writer, files, root, encoder, chunking, read, report, progress, flush_chunks, keep_states,
+            cache=None, checksum: bool = False) -> None:
     store = writer.docs
     stored = store.files()
     seen: set[str] = set()
@@ -274,6 +303,8 @@ def _update(writer, files, root, encoder, chunking, read, report, progress, flus
                 vecs, states = encoder.encode_with_states([c.text for c in pending], progress=False)
                 for c, st in zip(pending, states):
                     c.state = writer.append_states(st)
+            elif cache is not None:
+                vecs = cache.encode(encoder, [c.text for c in pending])
             else:
                 vecs = encoder.encode([c.text for c in pending], progress=False)
             writer.vectors.add(store.add_chunks(pending, vecs), vecs)
@@ -285,50 +316,74 @@ def _update(writer, files, root, encoder, chunking, read, report, progress, flus
         key = str(f.path)
         seen.add(key)
         old = stored.get(key)
-        if old is not None and old.size == f.size and old.mtime_ns == f.mtime_ns:
-            report.unchanged += 1  # same size and time: trust it without hashing
+        if old is not None and not checksum and _same_stat(old, f):
+            report.unchanged += 1  # same size, times and inode (as git checks): trust it without hashing
             bar.update(f.size)
             continue
-        digest = file_hash(f.path)
+        try:
+            digest = file_hash(f.path)
+        except OSError as e:
+            digest = None
+            unreadable: Exception = Skip(f"unreadable ({e.strerror})")
         if old is not None and old.hash == digest:
-            store.touch_file(old.id, f.size, f.mtime_ns)
+            store.touch_file(old.id, f.size, f.mtime_ns, f.ctime_ns, f.inode)
             report.unchanged += 1
             bar.update(f.size)
             continue
         # Stream the file's documents: the first one is read before the file is registered, so a
         # file skipped as unreadable (checked up front by the readers) leaves nothing behind.
-        docs = _chunk_rows(f.path, encoder, chunking, read)
+        done = 0
+
+        def on_bytes(n: int) -> None:
+            nonlocal done
+            done += n
+            bar.update(n)
+
+        docs = _chunk_rows(f.path, encoder, chunking, read, on_bytes)
         try:
+            if digest is None:
+                raise unreadable
             first = next(docs, None)
-        except Skip as e:
-            log.warning("skipped %s: %s", f.path, e)
-            reason = str(e).split(" (")[0]
-            report.skipped[reason] = report.skipped.get(reason, 0) + 1
+        except (Skip, CorpusError) as e:
+            if isinstance(e, CorpusError) and not read.skip_errors:
+                raise
+            _skip_file(f.path, e, report)
             if old is not None:  # its indexed text no longer matches the file: drop it
                 writer.vectors.remove(store.remove_file(old.id))
                 report.removed += 1
-            bar.update(f.size)
+            bar.update(f.size - done)
             continue
         if old is not None:
             writer.vectors.remove(store.remove_file(old.id))
             report.updated += 1
         else:
             report.added += 1
-        file_id = store.add_file(key, digest, f.size, f.mtime_ns, now())
-        n_docs = 0
+        file_id = store.add_file(key, digest, f.size, f.mtime_ns, now(), f.ctime_ns, f.inode)
+        doc_numbers: set[int] = set()
         try:
-            for _, rows in itertools.chain([first] if first is not None else [], docs):
-                n_docs += 1
+            for n, rows in itertools.chain([first] if first is not None else [], docs):
+                doc_numbers.add(n)
                 for r in rows:
                     r.file_id = file_id
                     pending.append(r)
                 if len(pending) >= flush_chunks:
                     flush()
-        except Skip as e:  # readers check encodings up front; this would be a reader bug
-            raise CorpusError(f"{f.path}: {e}") from e
-        store.set_documents(file_id, n_docs)
-        report.documents += n_docs
-        bar.update(f.size)
+        except (Skip, CorpusError) as e:  # an error past the first document (a bad line, a damaged row group)
+            if not read.skip_errors:
+                raise e if isinstance(e, CorpusError) else CorpusError(f"{f.path}: {e}") from e
+            pending[:] = [r for r in pending if r.file_id != file_id]  # the file goes, with what it had added
+            writer.vectors.remove(store.remove_file(file_id))
+            _skip_file(f.path, e, report)
+            if old is None:
+                report.added -= 1
+            else:
+                report.updated -= 1
+                report.removed += 1
+            bar.update(f.size - done)
+            continue
+        store.set_documents(file_id, len(doc_numbers))
+        report.documents += len(doc_numbers)
+        bar.update(f.size - done)
     flush()
     bar.close()
     # Files under this corpus root that are gone: remove their chunks.
@@ -339,11 +394,42 @@ def _update(writer, files, root, encoder, chunking, read, report, progress, flus
             report.removed += 1
 
 
-def _chunk_rows(path: Path, encoder, chunking: ChunkSettings, read: ReadOptions):
-    """(document number, [ChunkRow]) for each document of a file (file_id filled in later)."""
-    for n, doc in enumerate(read_documents(path, read)):
-        rows = []
-        for i, c in enumerate(chunk_text(doc.text, encoder.token_offsets, chunking)):
-            line = line_of(doc.text, c.start) if doc.row is None else None
-            rows.append(ChunkRow(0, doc.row, i, c.start, c.end, line, c.text, doc.metadata))
-        yield n, rows
+def _same_stat(old, f) -> bool:
+    """Whether a stored file's size, mtime, ctime and inode all match (0: not recorded)."""
+    return (old.size == f.size and old.mtime_ns == f.mtime_ns and old.ctime_ns == f.ctime_ns and old.inode == f.inode
+            and old.ctime_ns != 0)
+
+
+def _skip_file(path: Path, e: Exception, report: IndexReport) -> None:
+    msg = str(e).removeprefix(f"{path}: ")
+    log.warning("skipped %s: %s", path, msg)
+    reason = msg.split(" (")[0] if isinstance(e, Skip) else "unreadable or malformed"
+    report.skipped[reason] = report.skipped.get(reason, 0) + 1
+    report.skipped_files.append(f"{path}: {msg}")
+
+
+def _chunk_rows(path: Path, encoder, chunking: ChunkSettings, read: ReadOptions, on_bytes=None, group: int = 64):
+    """(document number, [ChunkRow]) for each document of a file (file_id filled in later); a
+    text file is streamed in groups of chunks of its one document, in bounded memory."""
+    if path.suffix.lower() in TEXT_EXTS:
+        _check_utf8(path)  # up front: a file that is not UTF-8 is skipped before anything is added
+        rows: list[ChunkRow] = []
+        try:
+            for i, (c, line) in enumerate(chunk_stream(text_blocks(path, on_bytes=on_bytes), encoder.token_offsets, chunking)):
+                rows.append(ChunkRow(0, None, i, c.start, c.end, line, c.text, {}))
+                if len(rows) >= group:
+                    yield 0, rows
+                    rows = []
+        except (OSError, UnicodeDecodeError) as e:  # changed or gone while read
+            raise CorpusError(f"{path}: unreadable ({e})") from e
+        yield 0, rows  # also for a file without tokens: it is one (empty) document, as before
+        return
+    try:
+        for n, doc in enumerate(read_documents(path, read)):
+            rows = []
+            for i, c in enumerate(chunk_text(doc.text, encoder.token_offsets, chunking)):
+                line = line_of(doc.text, c.start) if doc.row is None else None
+                rows.append(ChunkRow(0, doc.row, i, c.start, c.end, line, c.text, doc.metadata))
+            yield n, rows
+    except OSError as e:
+        raise CorpusError(f"{path}: unreadable ({e.strerror or e})") from e

@@ -11,7 +11,9 @@ import numpy as np
 
 from semsearch import filters, fusion as fusion_
 from semsearch.errors import InputError, SettingsMismatch
+from semsearch.querycheck import warn_truncated
 from semsearch.store.folder import index_path, open_index
+from semsearch.store.integrity import manifest_stamp
 
 EXACT_BELOW = 4096  # a filter allowing fewer chunks is scored exactly from the stored vectors
 
@@ -69,6 +71,8 @@ class Retriever:
         self.vectors = vectors
         self.docs = docs
         self.encoder = encoder
+        self.auto_refresh = True  # search() picks up a new generation (one stat of manifest.json a call)
+        self._stamp = manifest_stamp(self.folder)
 
     @classmethod
     def load(
@@ -108,6 +112,18 @@ class Retriever:
     def __len__(self) -> int:
         return self.vectors.ntotal
 
+    def refresh(self) -> bool:
+        """Open the index's current generation if a writer published a new one since this
+        Retriever loaded it; gives back True when it did. The encoder is kept (a new generation
+        with other model weights or pooling is refused). search() calls this on its own while
+        `auto_refresh` is on: a stat of manifest.json, a few microseconds."""
+        from semsearch.store.refresh import reopen
+
+        if reopen(self):
+            self.__dict__.pop("_lex", None)  # the lexical side of the old generation
+            return True
+        return False
+
     @property
     def default_mode(self) -> str:
         """hybrid where the index has its lexical side (measured best on SciFact), else dense."""
@@ -123,7 +139,7 @@ class Retriever:
         fusion: 'convex' (alpha * dense + (1 - alpha) * lexical, each min-max normalised) or 'rrf'.
         """
         if not isinstance(query, str):
-            raise InputError(f"the query must be a string, not {type(query).__name__}")
+            raise InputError(f"the query must be a string, got {type(query).__name__}")
         return self.search_batch([query], k, mode, where, fusion, alpha)[0]
 
     def search_batch(self, queries: Sequence[str], k: int = 10, mode: str | None = None, where: Any = None,
@@ -133,7 +149,7 @@ class Retriever:
             raise InputError("search_batch takes a list of queries; use search() for one")
         for i, q in enumerate(queries):
             if not isinstance(q, str):
-                raise InputError(f"query {i + 1} must be a string, not {type(q).__name__}")
+                raise InputError(f"query {i + 1} must be a string, got {type(q).__name__}")
             if not q.strip():
                 raise InputError(f"query {i + 1} is empty" if len(queries) > 1 else "the query is empty")
         if not isinstance(k, int) or k < 1:
@@ -142,6 +158,8 @@ class Retriever:
         fusion_.check_fusion(fusion)
         if not queries:
             return []
+        if self.auto_refresh and manifest_stamp(self.folder) != self._stamp:
+            self.refresh()
         flt = filters.parse(where)
         allowed = flt.ids(self.docs.db) if flt is not None else None
         if allowed is not None and not len(allowed):
@@ -151,6 +169,7 @@ class Retriever:
             mask = lex.mask(allowed) if allowed is not None else None
             found = [[(i, s, None, s) for i, s in lex.search(q, k, mask)] for q in queries]
             return self._hits(found, mode)
+        warn_truncated(self.encoder, queries)
         qv = self.encoder.encode(list(queries), progress=False)
         if mode == "dense":
             scores, ids = self._dense(qv, k, allowed)

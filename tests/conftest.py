@@ -15,7 +15,9 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE = REPO / "data" / "sample"
-SCIFACT = REPO.parent / "shared" / "data" / "beir" / "scifact"
+SHARED = Path(os.environ.get("SEMSEARCH_SHARED") or REPO.parent / "shared")  # data beside the repo, not in it
+SCIFACT = SHARED / "data" / "beir" / "scifact"
+NO_SCIFACT = f"SciFact not found at {SCIFACT} (set SEMSEARCH_SHARED to the folder holding data/beir/scifact)"
 
 
 class FakeEncoder:

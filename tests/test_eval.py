@@ -10,9 +10,9 @@ from semsearch.cli import main
 from semsearch.errors import CorpusError, InputError
 from semsearch.eval import evaluate_beir, load_beir, read_qrels, trec_metrics
 
-from conftest import SCIFACT
+from conftest import NO_SCIFACT, SCIFACT
 
-needs_scifact = pytest.mark.skipif(not SCIFACT.exists(), reason="SciFact not found beside the repo")
+needs_scifact = pytest.mark.skipif(not SCIFACT.exists(), reason=NO_SCIFACT)
 
 
 def test_metrics_on_hand_made_run():

@@ -135,6 +135,8 @@ def test_index_from_before_lexical_search(small_corpus, tmp_path, fake_encoder):
     db.executescript("DROP TABLE lexical; ALTER TABLE chunks DROP COLUMN lex; ALTER TABLE chunks DROP COLUMN lex_len;")
     db.commit()
     db.close()
+    m.pop("integrity", None)  # an index that old also predates the manifest's integrity records
+    (folder / "manifest.json").write_text(json.dumps(m))
     r = Retriever.load(folder, encoder=fake_encoder)
     assert r.default_mode == "dense" and r.search("lentils", 1)[0].mode == "dense"
     with pytest.raises(InputError, match="built before lexical search; run `semsearch index CORPUS"):

@@ -16,9 +16,9 @@ from semsearch.train.head import load_head, save_head
 from semsearch.train.loss import mnr_loss
 from semsearch.train.trainer import TrainConfig, _batches, train_head
 
-from conftest import SAMPLE, SCIFACT
+from conftest import NO_SCIFACT, SAMPLE, SCIFACT
 
-needs_scifact = pytest.mark.skipif(not SCIFACT.exists(), reason="SciFact not found beside the repo")
+needs_scifact = pytest.mark.skipif(not SCIFACT.exists(), reason=NO_SCIFACT)
 
 
 def test_untrained_head_reproduces_mean_pooling_on_the_real_encoder(real_encoder):

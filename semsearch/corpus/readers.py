@@ -199,7 +199,7 @@ def _records_from_lines(path: Path, opts: ReadOptions) -> Iterator[tuple[int, di
                     rec = json.loads(line)
                     if not isinstance(rec, dict):
                         raise ValueError("not a JSON object")
-                except ValueError as e:
+                except (ValueError, RecursionError) as e:
                     if opts.skip_errors:
                         log.warning("%s:%d: skipped malformed line: %s", path, lineno, e)
                         continue
@@ -256,7 +256,7 @@ def _read_json(path: Path, opts: ReadOptions) -> Iterator[Document]:
         data = json.loads(path.read_bytes().decode("utf-8-sig"))
     except UnicodeDecodeError as e:
         raise Skip(f"not UTF-8 (byte {e.start})") from e
-    except ValueError as e:
+    except (ValueError, RecursionError) as e:
         raise CorpusError(f"{path}: malformed JSON: {e}") from e
     if isinstance(data, dict):
         data = [data]
@@ -271,6 +271,12 @@ def _read_parquet(path: Path, opts: ReadOptions) -> Iterator[Document]:
     try:
         pf = pq.ParquetFile(path)
     except Exception as e:  # noqa: BLE001 - pyarrow raises several error types for a bad file
-        raise CorpusError(f"{path}: not a readable Parquet file: {e}") from e
-    rows = (rec for batch in pf.iter_batches(batch_size=2000) for rec in batch.to_pylist())
-    yield from _read_records(path, opts, enumerate(rows, 1))
+        raise CorpusError(f"{path}: not a readable Parquet file: {' '.join(str(e).split())}") from e
+    def rows():
+        try:
+            for batch in pf.iter_batches(batch_size=2000):
+                yield from batch.to_pylist()
+        except Exception as e:  # noqa: BLE001 - a damaged row group shows only when it is read
+            raise CorpusError(f"{path}: damaged Parquet data: {' '.join(str(e).split()) or type(e).__name__}") from e
+
+    yield from _read_records(path, opts, enumerate(rows(), 1))

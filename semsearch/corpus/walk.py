@@ -16,6 +16,8 @@ class SourceFile:
     path: Path  # absolute
     size: int
     mtime_ns: int
+    ctime_ns: int = 0  # changes on every write, even when mtime is restored (cp -p, rsync -t, tar)
+    inode: int = 0
 
 
 @dataclass
@@ -55,7 +57,7 @@ def walk(root: Path) -> WalkResult:
         except OSError as e:
             res.skip(p, f"unreadable ({e.strerror})")
             continue
-        res.files.append(SourceFile(p, st.st_size, st.st_mtime_ns))
+        res.files.append(SourceFile(p, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino))
     return res
 
 

@@ -9,6 +9,8 @@ from typing import Any, Iterable, Iterator
 
 import numpy as np
 
+from semsearch.errors import IndexFormatError
+from semsearch.store.integrity import connect_readonly, remedy
 from semsearch.store import lexical
 
 SCHEMA = """
@@ -18,6 +20,8 @@ CREATE TABLE IF NOT EXISTS files (
     hash TEXT NOT NULL,             -- sha256 of the bytes
     size INTEGER NOT NULL,
     mtime_ns INTEGER NOT NULL,
+    ctime_ns INTEGER NOT NULL DEFAULT 0,  -- with the inode: a restored mtime cannot hide an edit
+    inode INTEGER NOT NULL DEFAULT 0,
     documents INTEGER NOT NULL,
     indexed_at TEXT NOT NULL
 );
@@ -63,17 +67,23 @@ class StoredFile:
     size: int
     mtime_ns: int
     documents: int
+    ctime_ns: int = 0
+    inode: int = 0
 
 
 class DocStore:
     def __init__(self, path: Path, readonly: bool = False):
         self.path = Path(path)
         if readonly:
-            self.db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, check_same_thread=False)
+            self.db = connect_readonly(self.path, check_same_thread=False)  # by quoted URI: '#', '?', '%' in paths
         else:
             self.db = sqlite3.connect(self.path)
             self.db.executescript(SCHEMA)
             lexical.add_columns(self.db)  # a docstore from before lexical search gets its terms
+            cols = {r[1] for r in self.db.execute("PRAGMA table_info(files)")}
+            for col in ("ctime_ns", "inode"):  # docstores written before these columns
+                if col not in cols:
+                    self.db.execute(f"ALTER TABLE files ADD COLUMN {col} INTEGER NOT NULL DEFAULT 0")
         self.db.execute("PRAGMA foreign_keys = ON")
 
     def close(self) -> None:
@@ -84,21 +94,22 @@ class DocStore:
 
     # ---- files ---------------------------------------------------------------------------
     def files(self) -> dict[str, StoredFile]:
-        rows = self.db.execute("SELECT id, path, hash, size, mtime_ns, documents FROM files")
+        rows = self.db.execute("SELECT id, path, hash, size, mtime_ns, documents, ctime_ns, inode FROM files")
         return {r[1]: StoredFile(*r) for r in rows}
 
-    def add_file(self, path: str, hash: str, size: int, mtime_ns: int, now: str) -> int:
+    def add_file(self, path: str, hash: str, size: int, mtime_ns: int, now: str, ctime_ns: int = 0, inode: int = 0) -> int:
         cur = self.db.execute(
-            "INSERT INTO files (path, hash, size, mtime_ns, documents, indexed_at) VALUES (?, ?, ?, ?, 0, ?)",
-            (path, hash, size, mtime_ns, now),
+            "INSERT INTO files (path, hash, size, mtime_ns, documents, indexed_at, ctime_ns, inode) VALUES (?, ?, ?, ?, 0, ?, ?, ?)",
+            (path, hash, size, mtime_ns, now, ctime_ns, inode),
         )
         return int(cur.lastrowid)
 
     def set_documents(self, file_id: int, documents: int) -> None:
         self.db.execute("UPDATE files SET documents = ? WHERE id = ?", (documents, file_id))
 
-    def touch_file(self, file_id: int, size: int, mtime_ns: int) -> None:
-        self.db.execute("UPDATE files SET size = ?, mtime_ns = ? WHERE id = ?", (size, mtime_ns, file_id))
+    def touch_file(self, file_id: int, size: int, mtime_ns: int, ctime_ns: int = 0, inode: int = 0) -> None:
+        self.db.execute("UPDATE files SET size = ?, mtime_ns = ?, ctime_ns = ?, inode = ? WHERE id = ?",
+                        (size, mtime_ns, ctime_ns, inode, file_id))
 
     def remove_file(self, file_id: int) -> np.ndarray:
         """Delete a file and its chunks; gives back the removed chunk ids."""
@@ -129,15 +140,22 @@ class DocStore:
         if not ids:
             return {}
         marks = ",".join("?" * len(ids))
-        rows = self.db.execute(
-            "SELECT c.id, f.path, c.row, c.ord, c.start, c.end, c.line, c.text, c.metadata"
-            f" FROM chunks c JOIN files f ON f.id = c.file_id WHERE c.id IN ({marks})",
-            ids,
-        )
+        try:
+            rows = self.db.execute(
+                "SELECT c.id, f.path, c.row, c.ord, c.start, c.end, c.line, c.text, c.metadata"
+                f" FROM chunks c JOIN files f ON f.id = c.file_id WHERE c.id IN ({marks})",
+                ids,
+            ).fetchall()
+        except (sqlite3.DatabaseError, UnicodeDecodeError) as e:  # a damaged page that the load-time checks did not read
+            raise IndexFormatError(f"{self.path}: damaged ({e}); {remedy(self.path.parent)}") from e
         out = {}
         for cid, path, row, ord_, start, end, line, text, meta in rows:
+            try:
+                metadata = json.loads(meta) if meta else {}
+            except (ValueError, TypeError, RecursionError) as e:
+                raise IndexFormatError(f"{self.path}: damaged (metadata of chunk {cid}: {e}); {remedy(self.path.parent)}") from e
             out[cid] = dict(id=cid, path=path, row=row, chunk=ord_, start=start, end=end, line=line,
-                            text=text, metadata=json.loads(meta) if meta else {})
+                            text=text, metadata=metadata)
         return out
 
     def get_vectors(self, ids: Iterable[int]) -> tuple[np.ndarray, np.ndarray]:
@@ -145,19 +163,25 @@ class DocStore:
         ids = sorted({int(i) for i in ids})
         found_ids: list[int] = []
         blobs: list[bytes] = []
-        for at in range(0, len(ids), 30_000):  # SQLite's variable limit
-            part = ids[at : at + 30_000]
-            marks = ",".join("?" * len(part))
-            for cid, blob in self.db.execute(f"SELECT id, vector FROM chunks WHERE id IN ({marks}) ORDER BY id", part):
-                found_ids.append(cid)
-                blobs.append(blob)
-        if not blobs:
-            return np.zeros(0, np.int64), np.zeros((0, 0), np.float32)
-        return np.array(found_ids, np.int64), np.frombuffer(b"".join(blobs), np.float32).reshape(len(blobs), -1)
+        try:
+            for at in range(0, len(ids), 30_000):  # SQLite's variable limit
+                part = ids[at : at + 30_000]
+                marks = ",".join("?" * len(part))
+                for cid, blob in self.db.execute(f"SELECT id, vector FROM chunks WHERE id IN ({marks}) ORDER BY id", part):
+                    found_ids.append(cid)
+                    blobs.append(blob)
+            if not blobs:
+                return np.zeros(0, np.int64), np.zeros((0, 0), np.float32)
+            return np.array(found_ids, np.int64), np.frombuffer(b"".join(blobs), np.float32).reshape(len(blobs), -1)
+        except (sqlite3.DatabaseError, ValueError, TypeError) as e:  # a damaged page or vector the load checks did not read
+            raise IndexFormatError(f"{self.path}: damaged ({e}); {remedy(self.path.parent)}") from e
 
     def lexical(self) -> "lexical.LexicalIndex | None":
         """The BM25 index of these chunks (None for a docstore from before lexical search)."""
-        return lexical.load(self.db)
+        try:
+            return lexical.load(self.db)
+        except (sqlite3.DatabaseError, UnicodeDecodeError, ValueError, IndexError, TypeError) as e:
+            raise IndexFormatError(f"{self.path}: damaged lexical index ({e}); {remedy(self.path.parent)}") from e
 
     def write_lexical(self) -> int:
         """Invert the chunks' terms into posting arrays, for fast loading by readers (at commit)."""
@@ -168,6 +192,9 @@ class DocStore:
         cur = self.db.execute("SELECT id, vector FROM chunks ORDER BY id")
         while rows := cur.fetchmany(batch):
             ids = np.array([r[0] for r in rows], np.int64)
+            bad = [r[0] for r in rows if not isinstance(r[1], bytes) or len(r[1]) != len(rows[0][1] or b"") or not r[1]]
+            if bad:  # damage inside the database that its page checks cannot see
+                raise IndexFormatError(f"{self.path}: damaged (chunk {bad[0]} has no valid vector); {remedy(self.path.parent)}")
             yield ids, np.stack([np.frombuffer(r[1], np.float32) for r in rows])
 
     def iter_states_refs(self, batch: int = 4096) -> Iterator[list[tuple[int, str | None, int, int]]]:

@@ -16,6 +16,7 @@ import numpy as np
 from pathlib import Path
 
 from semsearch.errors import IndexFormatError, IndexLocked
+from semsearch.store import integrity
 from semsearch.store.docstore import DocStore
 from semsearch.store.manifest import MANIFEST, Manifest
 from semsearch.store.vectors import VectorIndex
@@ -32,12 +33,26 @@ def open_index(folder: Path, device: str = "cpu") -> tuple[Manifest, VectorIndex
     is searched on a GPU where device is 'cuda' (see resolve_index_device)."""
     folder = Path(folder)
     m = Manifest.load(folder)
+    vectors = _load_vectors(folder, m, device)
     try:
-        vectors = VectorIndex.load(folder / m.files["vectors"], m.index.get("type", "flat"), m.index.get("params"), device)
         docs = DocStore(folder / m.files["docs"], readonly=True)
-    except (KeyError, RuntimeError, sqlite3.Error) as e:
-        raise IndexFormatError(f"{folder}: damaged index ({e}); rebuild it with --rebuild") from e
+    except integrity.DB_ERRORS as e:
+        raise integrity.damaged(folder, m.files["docs"], f"damaged ({e})") from e
+    try:
+        integrity.check_loaded(folder, m, vectors, docs)
+    except BaseException:
+        docs.close()
+        raise
     return m, vectors, docs
+
+
+def _load_vectors(folder: Path, m: Manifest, device: str = "cpu") -> VectorIndex:
+    """The manifest's vector index, its data files checked first (faiss must never parse junk)."""
+    integrity.check_files(folder, m)
+    try:
+        return VectorIndex.load(folder / m.files["vectors"], m.index.get("type", "flat"), m.index.get("params"), device)
+    except (RuntimeError, MemoryError, AttributeError, TypeError, ValueError) as e:
+        raise integrity.damaged(folder, m.files["vectors"], f"damaged ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from e
 
 
 class IndexWriter:
@@ -56,22 +71,37 @@ class IndexWriter:
         except BlockingIOError as e:
             self._lock.close()
             raise IndexLocked(f"{folder} is being written by another semsearch process") from e
+        if base is not None:  # a damaged base stops the run before anything is cleaned or written
+            try:
+                integrity.check_files(self.folder, base)
+            except BaseException:
+                self._release()
+                raise
         current = _current_files(self.folder)
         self._clean(keep=current)  # leftovers of an interrupted run
         self.gen = max([_gen_of(p.name) for p in self.folder.iterdir()] + [0]) + 1
         self.docs_file = f"docs.{self.gen}.sqlite"
         self.vectors_file = f"vectors.{self.gen}.faiss"
-        if base is not None:
-            # Copy the current docstore through SQLite's backup API (consistent even while read).
-            src = sqlite3.connect(f"file:{self.folder / base.files['docs']}?mode=ro", uri=True)
-            dst = sqlite3.connect(self.folder / self.docs_file)
-            src.backup(dst)
-            src.close()
-            dst.close()
-            self.vectors = VectorIndex.load(self.folder / base.files["vectors"], base.index.get("type", "flat"), base.index.get("params"))
-        else:
-            self.vectors = VectorIndex.create(dim, kind)
-        self.docs = DocStore(self.folder / self.docs_file)
+        try:
+            if base is not None:
+                # The base is checked like any load; a damaged one stops here, untouched, and the
+                # error offers --rebuild. Its docstore is copied through SQLite's backup API.
+                m, self.vectors, docs = open_index(self.folder)
+                dst = sqlite3.connect(self.folder / self.docs_file)
+                try:
+                    docs.db.backup(dst)
+                except integrity.DB_ERRORS as e:
+                    raise integrity.damaged(self.folder, m.files["docs"], f"damaged ({e})") from e
+                finally:
+                    docs.close()
+                    dst.close()
+            else:
+                self.vectors = VectorIndex.create(dim, kind)
+            self.docs = DocStore(self.folder / self.docs_file)
+        except BaseException:
+            (self.folder / self.docs_file).unlink(missing_ok=True)
+            self._release()
+            raise
         self.states_file = f"{self.gen}.f16"
         self._states = None  # opened on first append_states()
         self._states_rows = 0
@@ -103,8 +133,12 @@ class IndexWriter:
         self.docs.commit()
         self.docs.close()
         self.vectors.save(self.folder / self.vectors_file)
+        for name in (self.docs_file, self.vectors_file):
+            integrity.fsync_file(self.folder / name)
+        integrity.fsync_dir(self.folder)  # the data files' names are durable before the manifest names them
         manifest.generation = self.gen
         manifest.files = {"vectors": self.vectors_file, "docs": self.docs_file}
+        manifest.integrity = integrity.record(self.folder, manifest.files, self.vectors)
         manifest.updated = now()
         manifest.created = manifest.created or manifest.updated
         manifest.save(self.folder)

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from semsearch.errors import IndexFormatError
+from semsearch.store.integrity import check_manifest, fsync_dir, remedy
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -35,6 +36,7 @@ class Manifest:
     created: str = ""
     updated: str = ""
     last_run: dict[str, Any] = field(default_factory=dict)
+    integrity: dict[str, Any] | None = None  # sizes, fingerprints, hashes of the data files; vector count and id set
     format_version: int = FORMAT_VERSION
 
     def to_json(self) -> str:
@@ -48,6 +50,7 @@ class Manifest:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, folder / MANIFEST)
+        fsync_dir(folder)  # the rename itself survives a power loss
 
     @classmethod
     def load(cls, folder: Path) -> "Manifest":
@@ -58,16 +61,17 @@ class Manifest:
             raise IndexFormatError(f"{folder} is not a semsearch index (no {MANIFEST})")
         try:
             raw = json.loads(path.read_text(encoding="utf-8"))
-        except ValueError as e:
-            raise IndexFormatError(f"{path}: damaged manifest: {e}") from e
-        version = raw.get("format_version")
+        except (ValueError, OSError) as e:
+            raise IndexFormatError(f"{path}: damaged manifest ({e}); {remedy(folder)}") from e
+        version = raw.get("format_version") if isinstance(raw, dict) else None
         if version != FORMAT_VERSION:
             raise IndexFormatError(
                 f"{folder} was written by index format version {version}; this semsearch reads version "
                 f"{FORMAT_VERSION}. Rebuild it with `semsearch index CORPUS --index {folder} --rebuild`."
             )
+        check_manifest(raw, path)
         known = {k: v for k, v in raw.items() if k in cls.__dataclass_fields__}
         try:
             return cls(**known)
         except TypeError as e:
-            raise IndexFormatError(f"{path}: damaged manifest: {e}") from e
+            raise IndexFormatError(f"{path}: damaged manifest ({e}); {remedy(folder)}") from e

@@ -1,0 +1,103 @@
+"""Vectors embedded by a run that did not finish, so the next run does not embed them again.
+
+An index run publishes nothing until its commit, so an interrupted run (Ctrl-C, kill, power
+loss) leaves the previous index whole, and would lose all its embedding work. Each batch of
+vectors is therefore also written, as it is made, to `resume.sqlite` in the index folder, keyed
+by a hash of the chunk text and the encoder's identity; the next run takes vectors from it
+before encoding, and a successful commit deletes it. It is a cache: damaged or foreign, it is
+dropped and rebuilt, never trusted over the encoder.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import sqlite3
+from pathlib import Path
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+NAME = "resume.sqlite"
+
+
+def encoder_key(encoder) -> str:
+    head = (getattr(encoder, "head_info", None) or {}).get("fingerprint", "")
+    return f"{encoder.fingerprint}|{encoder.pooling}|{head}|{encoder.max_length}|{encoder.out_dim}"
+
+
+class ResumeCache:
+    def __init__(self, folder: Path, key: str):
+        self.path = Path(folder) / NAME
+        self.key = key
+        self.reused = 0
+        self._db: sqlite3.Connection | None = None  # opened at the first batch: a run that embeds nothing leaves no file
+
+    @property
+    def db(self) -> sqlite3.Connection:
+        if self._db is None:
+            try:
+                self._db = self._open()
+            except sqlite3.Error as e:  # damaged: start a fresh one
+                log.warning("%s: dropped a damaged resume cache (%s)", self.path, e)
+                self.path.unlink(missing_ok=True)
+                self._db = self._open()
+        return self._db
+
+    def _open(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self.path)
+        db.execute("PRAGMA synchronous = OFF")  # a cache: a torn write only costs re-embedding
+        db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT NOT NULL)")
+        db.execute("CREATE TABLE IF NOT EXISTS vectors (h BLOB PRIMARY KEY, v BLOB NOT NULL)")
+        row = db.execute("SELECT key FROM meta").fetchone()
+        if row is None or row[0] != self.key:  # another model or pooling: useless
+            db.execute("DELETE FROM vectors")
+            db.execute("DELETE FROM meta")
+            db.execute("INSERT INTO meta VALUES (?)", (self.key,))
+        db.commit()
+        return db
+
+    @staticmethod
+    def _h(text: str) -> bytes:
+        return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+
+    def encode(self, encoder, texts: list[str]) -> np.ndarray:
+        """Vectors (n, d) for texts: from the cache where they are, else encoded and cached."""
+        keys = [self._h(t) for t in texts]
+        found: dict[bytes, np.ndarray] = {}
+        try:
+            for i in range(0, len(keys), 500):
+                part = keys[i : i + 500]
+                rows = self.db.execute(f"SELECT h, v FROM vectors WHERE h IN ({','.join('?' * len(part))})", part)
+                found.update((h, np.frombuffer(v, np.float32)) for h, v in rows)
+        except sqlite3.Error as e:
+            log.warning("%s: resume cache unreadable (%s); encoding everything", self.path, e)
+            found = {}
+        found = {h: v for h, v in found.items() if v.shape == (encoder.out_dim,)}
+        todo = [i for i, h in enumerate(keys) if h not in found]
+        out = np.empty((len(texts), encoder.out_dim), np.float32)
+        if todo:
+            new = encoder.encode([texts[i] for i in todo], progress=False)
+            out[todo] = new
+            try:
+                self.db.executemany("INSERT OR REPLACE INTO vectors VALUES (?, ?)",
+                                    [(keys[i], np.ascontiguousarray(v, np.float32).tobytes()) for i, v in zip(todo, new)])
+                self.db.commit()
+            except sqlite3.Error as e:
+                log.warning("%s: could not write the resume cache (%s)", self.path, e)
+        for i, h in enumerate(keys):
+            if h in found:
+                out[i] = found[h]
+        self.reused += len(texts) - len(todo)
+        return out
+
+    def close(self) -> None:
+        if self._db is not None:
+            self._db.close()
+
+    def drop(self) -> None:
+        """Delete the cache (the run it served was published)."""
+        self.close()
+        self.path.unlink(missing_ok=True)
+        for extra in ("-journal", "-wal", "-shm"):
+            Path(str(self.path) + extra).unlink(missing_ok=True)
