@@ -37,6 +37,7 @@ class IndexReport:
     repooled: int = 0  # chunks re-pooled from kept token states (new pooling or head)
     repool_seconds: float = 0.0
     totals: dict[str, int] = field(default_factory=dict)
+    engine: dict[str, Any] | None = None  # figures of an engine run (semsearch.engines)
 
     @property
     def chunks_per_s(self) -> float:
@@ -216,8 +217,10 @@ def index_corpus(
     flush_chunks: int = 512,
     keep_states: bool = False,
     vectors: VectorSettings | None = None,
+    engine=None,
 ) -> IndexReport:
-    """Index (or incrementally update) `folder` from the files under `corpus`."""
+    """Index (or incrementally update) `folder` from the files under `corpus`; `engine` (from
+    semsearch.engines.make_engine) reads, chunks and encodes elsewhere, None streams in this process."""
     t0 = time.perf_counter()
     corpus, folder = Path(corpus), Path(folder)
     read = read or ReadOptions()
@@ -239,7 +242,12 @@ def index_corpus(
             t = time.perf_counter()
             report.repooled = repool(writer, encoder)
             report.repool_seconds = round(time.perf_counter() - t, 2)
-        _update(writer, found.files, corpus.resolve(), encoder, chunking, read, report, progress, flush_chunks, keep_states)
+        if engine is None:
+            _update(writer, found.files, corpus.resolve(), encoder, chunking, read, report, progress, flush_chunks, keep_states)
+        else:
+            from semsearch.engines.build import update_with_engine
+
+            report.engine = update_with_engine(writer, found.files, corpus.resolve(), encoder, chunking, read, report, keep_states, engine)
         index_entry = finalize_vectors(writer, encoder.out_dim, vectors or VectorSettings(), base)
         counts = writer.docs.counts()
         manifest = Manifest(
