@@ -48,7 +48,6 @@ class EncodeSpec:
     skip_errors: bool = False
     keep_states: bool = False
     batch_tokens: int = 4096
-    kill_once_after: int | None = None  # tests only: an actor kills its own process after n batches, once a run
 
 
 class Engine(Protocol):

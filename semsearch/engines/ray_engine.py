@@ -20,6 +20,9 @@ from semsearch.errors import InputError, SemsearchError
 
 log = logging.getLogger(__name__)
 
+CPU_ACTOR_CPUS = 0.75
+LIGHT_TASK_CPUS = 0.125
+
 
 def import_ray():
     try:
@@ -37,17 +40,17 @@ def _chunk_task(job: dict, spec: EncodeSpec) -> list[dict]:
 class EmbedActor:
     """One model replica: encodes batches of rows (pyarrow tables) on its GPU or CPU."""
 
-    def __init__(self, spec: EncodeSpec, device: str, marker: str):
+    def __init__(self, spec: EncodeSpec, device: str, marker: str, kill_once_after: int | None = None):
         import torch
 
         if device == "cpu":
             torch.set_num_threads(1)  # one core an actor: N actors on N cores, no oversubscription
-        self.spec, self.marker = spec, Path(marker)
+        self.spec, self.marker, self.kill_once_after = spec, Path(marker), kill_once_after
         self.encoder = encoder_for(spec, device)
         self.batches = 0
 
     def __call__(self, table):
-        maybe_die(self.spec, self.batches, self.marker)
+        maybe_die(self.kill_once_after, self.batches, self.marker)
         self.batches += 1
         return embed_table(table, self.encoder, self.spec.keep_states)
 
@@ -56,7 +59,7 @@ class RayEngine:
     name = "ray"
 
     def __init__(self, address: str | None = None, workers: int | None = None, num_cpus: int | None = None,
-                 batch_rows: int = 256, progress: bool = False):
+                 batch_rows: int = 256, progress: bool = False, kill_once_after: int | None = None):
         if workers is not None and workers < 1:
             raise InputError(f"--workers must be at least 1, got {workers}")
         self.address = address
@@ -64,6 +67,7 @@ class RayEngine:
         self.num_cpus = num_cpus  # a new local cluster's CPUs (None: all of this machine's)
         self.batch_rows = batch_rows
         self.progress = progress
+        self.kill_once_after = kill_once_after  # tests only: one actor SIGKILLs itself after n batches
 
     def connect(self) -> tuple[object, bool]:
         """Ray, connected (to `address`, or a new local cluster); True if this call started it."""
@@ -107,21 +111,25 @@ class RayEngine:
         workers = self.workers or (gpus if gpus else max(1, cpus - 1))
         if gpus and workers > gpus:
             raise InputError(f"--workers {workers}: the cluster has {gpus} GPU(s), one an actor")
+        if not gpus and workers * CPU_ACTOR_CPUS + LIGHT_TASK_CPUS > cpus:
+            raise InputError(f"--workers {workers}: the cluster has {cpus} CPU(s), about one an actor")
         device = "cuda" if gpus else "cpu"
         staging.mkdir(parents=True, exist_ok=True)
         out = staging / "shards"
-        # Reading and chunking is light next to encoding: a fraction of a CPU a task, so that it
-        # runs beside CPU actors that hold one core each.
+        # Logical CPUs, for scheduling only: a CPU actor holds 0.75 (it runs torch on one thread),
+        # reading/chunking and Parquet writes are light and take 0.125 a task, so that N actors on
+        # N cores still leave room for them (with a whole CPU each, 2 actors on 2 CPUs deadlock).
         items = [{"seq": j.seq, "path": j.path, "old_hash": j.old_hash or ""} for j in jobs]
         ds = ray.data.from_items(items, override_num_blocks=max(1, min(len(items), 4 * workers)))
-        ds = ds.flat_map(_chunk_task, fn_kwargs={"spec": spec}, num_cpus=0.25)
+        ds = ds.flat_map(_chunk_task, fn_kwargs={"spec": spec}, num_cpus=LIGHT_TASK_CPUS)
         ds = ds.map_batches(
-            EmbedActor, fn_constructor_kwargs={"spec": spec, "device": device, "marker": str(staging / "killed")},
+            EmbedActor, fn_constructor_kwargs={"spec": spec, "device": device, "marker": str(staging / "killed"),
+                                               "kill_once_after": self.kill_once_after},
             batch_size=self.batch_rows, batch_format="pyarrow", compute=ActorPoolStrategy(size=workers),
-            num_gpus=1 if gpus else 0, num_cpus=1 if not gpus else 1,
-            max_restarts=-1, max_task_retries=-1,  # a killed actor is restarted and its batch re-run
-        )
-        ds.write_parquet(str(out))
+            num_gpus=1 if gpus else 0, num_cpus=1 if gpus else CPU_ACTOR_CPUS,
+        )  # Ray Data restarts a dead actor and re-runs its batches (max_restarts=-1, max_task_retries=-1 by default)
+        ds.write_parquet(str(out), ray_remote_args={"num_cpus": LIGHT_TASK_CPUS})
         shards = len(list(out.glob("*.parquet"))) if out.is_dir() else 0
+        marker = staging / "killed"
         return {"engine": self.name, "workers": workers, "device": device, "shards": shards,
-                "killed": (staging / "killed").exists()}
+                "killed_pid": int(marker.read_text()) if marker.exists() else None}

@@ -139,10 +139,10 @@ def encoder_for(spec: EncodeSpec, device: str):
     return enc
 
 
-def maybe_die(spec: EncodeSpec, batches_done: int, marker: Path) -> None:
-    """Tests only: after `spec.kill_once_after` batches, SIGKILL this process, once a run
-    (the marker file, made atomically, tells the restarted actors it has happened)."""
-    if spec.kill_once_after is None or batches_done != spec.kill_once_after:
+def maybe_die(kill_once_after: int | None, batches_done: int, marker: Path) -> None:
+    """Tests only: after `kill_once_after` batches, SIGKILL this process, once a run (the
+    marker file, made atomically, tells the restarted actors it has happened)."""
+    if kill_once_after is None or batches_done != kill_once_after:
         return
     try:
         fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
