@@ -149,3 +149,23 @@ def test_make_engine_checks_its_options():
         make_engine("local", workers=2)
     with pytest.raises(InputError, match="valid engines"):
         make_engine("spark")
+
+
+def test_ray_engine_without_ray_names_the_extra(monkeypatch, sample_copy, tmp_path, fake_encoder):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if Ray were not installed
+    engine = make_engine("ray", workers=1)  # constructing it needs no Ray
+    with pytest.raises(InputError, match=r"semsearch\[ray\]"):
+        index_corpus(sample_copy, tmp_path / "idx", fake_encoder, engine=engine)
+    assert not (tmp_path / "idx" / "manifest.json").exists()
+
+
+def test_core_does_not_import_ray(sample_copy, tmp_path):
+    import subprocess
+    import sys
+
+    code = ("import sys; from semsearch.indexing import index_corpus; from semsearch.cli import main; "
+            "import semsearch.engines.build, semsearch.engines.inprocess; print('ray' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
