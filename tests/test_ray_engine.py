@@ -1,7 +1,7 @@
 """The Ray engine on a local cluster (num_cpus=2) with the real bundled model: the same index as
 the local engine (chunks, ids, vectors within 1e-5), updates with either engine, and a run that
-survives an actor killed mid-run. About 2-3 minutes on 2 shared cores (cluster start ~15 s,
-each run ~30-45 s: most of it is actors importing torch and loading the model)."""
+survives an actor killed mid-run. About 4 minutes on 2 shared cores (cluster start 15-25 s,
+each run ~40-100 s: most of it is actors importing torch and loading the model)."""
 from __future__ import annotations
 
 import os
