@@ -114,11 +114,15 @@ def main(verbose: bool) -> None:
               help="Approximate indexes: tune the search knob (nprobe / efSearch) to the cheapest setting with this recall@10 against exact search.")
 @click.option("--max-bytes-per-vector", type=click.IntRange(min=1), default=None,
               help="Memory budget a vector for auto: e.g. 500 picks IVF-SQ8 (~392 B for 384-d) over full vectors (1,544 B).")
+@click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+              help="Where files are read, chunked and encoded: this process, or a Ray cluster (pip install 'semsearch[ray]').")
+@click.option("--ray-address", default=None, envvar="RAY_ADDRESS", help="Ray cluster to use with --engine ray. Default: a new local cluster.")
+@click.option("--workers", type=click.IntRange(min=1), default=None, help="Encoder replicas with --engine ray. Default: one a GPU, else CPUs - 1.")
 @click.option("--progress/--no-progress", default=None, help="Progress bar. Default: shown on a terminal.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @handle_errors
 def index(corpus, index, model, pooling, head, device, precision, chunk_tokens, overlap, text_column, skip_errors, checksum, rebuild,
-          keep_states, index_type, target_recall, max_bytes_per_vector, progress, as_json):
+          keep_states, index_type, target_recall, max_bytes_per_vector, engine, ray_address, workers, progress, as_json):
     """Index the files under CORPUS (a folder or one file) into an index folder.
 
     Reads .txt .md .rst .csv .tsv .jsonl .json .parquet, recursively; hidden and binary files are
@@ -126,6 +130,7 @@ def index(corpus, index, model, pooling, head, device, precision, chunk_tokens, 
     Writes are atomic: an interrupted run leaves the previous index usable.
     """
     from semsearch.corpus import ReadOptions
+    from semsearch.engines import make_engine
     from semsearch.indexing import VectorSettings, encoder_for_index, index_corpus, load_base, resolve_chunking, scan_corpus
     from semsearch.store import index_path
 
@@ -135,12 +140,13 @@ def index(corpus, index, model, pooling, head, device, precision, chunk_tokens, 
     if pooling and len(pooling) > 1:
         raise click.BadParameter("index takes one pooling", param_hint="--pooling")
     found = scan_corpus(corpus)  # an empty or unreadable corpus fails before the model loads
+    runner = make_engine(engine, ray_address if engine == "ray" else None, workers)
     base = load_base(folder, rebuild)
     enc = encoder_for_index(base, model, pooling[0] if pooling else None, head, device, precision)
     chunking = resolve_chunking(base, enc, chunk_tokens, overlap)
     vs = VectorSettings(index_type=index_type, target_recall=target_recall, max_bytes_per_vector=max_bytes_per_vector, device=device)
     report = index_corpus(corpus, folder, enc, chunking, ReadOptions(text_column, skip_errors), rebuild, progress,
-                          keep_states=keep_states, vectors=vs, checksum=checksum, found=found)
+                          keep_states=keep_states, vectors=vs, checksum=checksum, found=found, engine=runner)
     if as_json:
         click.echo(json.dumps(report.as_dict(), indent=2))
     else:

@@ -42,6 +42,7 @@ class IndexReport:
     totals: dict[str, int] = field(default_factory=dict)
     skipped_files: list[str] = field(default_factory=list)  # 'path: reason' of files skipped while reading
     resumed: int = 0  # chunks whose vectors an interrupted run had already embedded
+    engine: dict[str, Any] | None = None  # figures of an engine run (semsearch.engines)
 
     @property
     def chunks_per_s(self) -> float:
@@ -234,9 +235,11 @@ def index_corpus(
     vectors: VectorSettings | None = None,
     checksum: bool = False,
     found: WalkResult | None = None,
+    engine=None,
 ) -> IndexReport:
     """Index (or incrementally update) `folder` from the files under `corpus`. `checksum` hashes
-    every file instead of trusting unchanged size, times and inode; `found` is scan_corpus()'s."""
+    every file instead of trusting unchanged size, times and inode; `found` is scan_corpus()'s; `engine` (from semsearch.engines.make_engine) reads, chunks
+    and encodes elsewhere, None streams in this process."""
     from semsearch.store.resume import ResumeCache, encoder_key
 
     t0 = time.perf_counter()
@@ -259,8 +262,13 @@ def index_corpus(
             t = time.perf_counter()
             report.repooled = repool(writer, encoder)
             report.repool_seconds = round(time.perf_counter() - t, 2)
-        _update(writer, found.files, corpus.resolve(), encoder, chunking, read, report, progress, flush_chunks, keep_states,
-                cache, checksum)
+        if engine is None:
+            _update(writer, found.files, corpus.resolve(), encoder, chunking, read, report, progress, flush_chunks, keep_states,
+                    cache, checksum)
+        else:
+            from semsearch.engines.build import update_with_engine
+
+            report.engine = update_with_engine(writer, found.files, corpus.resolve(), encoder, chunking, read, report, keep_states, engine)
         report.resumed = cache.reused if cache else 0
         index_entry = finalize_vectors(writer, encoder.out_dim, vectors or VectorSettings(), base)
         counts = writer.docs.counts()

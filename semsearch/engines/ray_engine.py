@@ -1,0 +1,135 @@
+"""The Ray engine: Ray Data reads and chunks files in tasks, encodes them in an actor pool (one
+model replica per actor: a GPU each where the cluster has GPUs, else CPU actors) and writes the
+rows with their vectors as Parquet shards into the staging folder.
+
+The staging folder and the corpus must be reachable by every worker at the same path: on one
+machine they are; on a cluster, put both on shared storage. Ray retries a task or an actor that
+dies (its process killed, its node lost): the driver still gets every chunk exactly once, and
+checks it (engines/build.py).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+
+from semsearch.engines import EncodeSpec, FileJob
+from semsearch.engines.work import chunk_file, embed_table, encoder_for, maybe_die, offsets_for
+from semsearch.errors import InputError, SemsearchError
+
+log = logging.getLogger(__name__)
+
+CPU_ACTOR_CPUS = 0.75
+LIGHT_TASK_CPUS = 0.125
+
+
+def import_ray():
+    try:
+        import ray
+        import ray.data  # noqa: F401
+    except ImportError as e:
+        raise InputError("--engine ray needs Ray Data: pip install 'semsearch[ray]'") from e
+    return ray
+
+
+def _chunk_task(job: dict, spec: EncodeSpec) -> list[dict]:
+    return chunk_file(job, spec, offsets_for(spec))
+
+
+class EmbedActor:
+    """One model replica: encodes batches of rows (pyarrow tables) on its GPU or CPU."""
+
+    def __init__(self, spec: EncodeSpec, device: str, marker: str, kill_once_after: int | None = None):
+        import torch
+
+        if device == "cpu":
+            torch.set_num_threads(1)  # one core an actor: N actors on N cores, no oversubscription
+        self.spec, self.marker, self.kill_once_after = spec, Path(marker), kill_once_after
+        self.encoder = encoder_for(spec, device)
+        self.batches = 0
+
+    def __call__(self, table):
+        maybe_die(self.kill_once_after, self.batches, self.marker)
+        self.batches += 1
+        return embed_table(table, self.encoder, self.spec.keep_states)
+
+
+class RayEngine:
+    name = "ray"
+
+    def __init__(self, address: str | None = None, workers: int | None = None, num_cpus: int | None = None,
+                 batch_rows: int = 256, progress: bool = False, kill_once_after: int | None = None):
+        if workers is not None and workers < 1:
+            raise InputError(f"--workers must be at least 1, got {workers}")
+        self.address = address
+        self.workers = workers
+        self.num_cpus = num_cpus  # a new local cluster's CPUs (None: all of this machine's)
+        self.batch_rows = batch_rows
+        self.progress = progress
+        self.kill_once_after = kill_once_after  # tests only: one actor SIGKILLs itself after n batches
+
+    def connect(self) -> tuple[object, bool]:
+        """Ray, connected (to `address`, or a new local cluster); True if this call started it."""
+        ray = import_ray()
+        if ray.is_initialized():
+            return ray, False
+        kwargs = {"address": self.address} if self.address else {"num_cpus": self.num_cpus}
+        try:
+            ray.init(include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False, **kwargs)
+        except (ConnectionError, ValueError, RuntimeError) as e:
+            raise InputError(f"cannot connect to the Ray cluster at {self.address!r}: {e}") from e
+        return ray, True
+
+    def run(self, jobs: list[FileJob], spec: EncodeSpec, staging: Path) -> dict:
+        t0 = time.perf_counter()
+        ray, started = self.connect()
+        t_up = time.perf_counter() - t0
+        try:
+            figures = self._run(ray, jobs, spec, Path(staging))
+        except SemsearchError:
+            raise
+        except Exception as e:  # noqa: BLE001 - Ray wraps worker errors in many types
+            cause = getattr(e, "cause", None) or e.__cause__
+            if isinstance(cause, SemsearchError):
+                raise cause from e
+            raise SemsearchError(f"the Ray run failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
+        finally:
+            if started:
+                ray.shutdown()
+        figures.update(startup_seconds=round(t_up, 2), seconds=round(time.perf_counter() - t0, 2))
+        return figures
+
+    def _run(self, ray, jobs: list[FileJob], spec: EncodeSpec, staging: Path) -> dict:
+        from ray.data import ActorPoolStrategy, DataContext
+
+        ctx = DataContext.get_current()
+        ctx.enable_progress_bars = self.progress
+        res = ray.cluster_resources()
+        gpus = int(res.get("GPU", 0))
+        cpus = int(res.get("CPU", 1))
+        workers = self.workers or (gpus if gpus else max(1, cpus - 1))
+        if gpus and workers > gpus:
+            raise InputError(f"--workers {workers}: the cluster has {gpus} GPU(s), one an actor")
+        if not gpus and workers * CPU_ACTOR_CPUS + LIGHT_TASK_CPUS > cpus:
+            raise InputError(f"--workers {workers}: the cluster has {cpus} CPU(s), about one an actor")
+        device = "cuda" if gpus else "cpu"
+        staging.mkdir(parents=True, exist_ok=True)
+        out = staging / "shards"
+        # Logical CPUs, for scheduling only: a CPU actor holds 0.75 (it runs torch on one thread),
+        # reading/chunking and Parquet writes are light and take 0.125 a task, so that N actors on
+        # N cores still leave room for them (with a whole CPU each, 2 actors on 2 CPUs deadlock).
+        items = [{"seq": j.seq, "path": j.path, "old_hash": j.old_hash or ""} for j in jobs]
+        ds = ray.data.from_items(items, override_num_blocks=max(1, min(len(items), 4 * workers)))
+        ds = ds.flat_map(_chunk_task, fn_kwargs={"spec": spec}, num_cpus=LIGHT_TASK_CPUS)
+        ds = ds.map_batches(
+            EmbedActor, fn_constructor_kwargs={"spec": spec, "device": device, "marker": str(staging / "killed"),
+                                               "kill_once_after": self.kill_once_after},
+            batch_size=self.batch_rows, batch_format="pyarrow", compute=ActorPoolStrategy(size=workers),
+            num_gpus=1 if gpus else 0, num_cpus=1 if gpus else CPU_ACTOR_CPUS,
+        )  # Ray Data restarts a dead actor and re-runs its batches (max_restarts=-1, max_task_retries=-1 by default)
+        ds.write_parquet(str(out), ray_remote_args={"num_cpus": LIGHT_TASK_CPUS})
+        shards = len(list(out.glob("*.parquet"))) if out.is_dir() else 0
+        marker = staging / "killed"
+        return {"engine": self.name, "workers": workers, "device": device, "shards": shards,
+                "killed_pid": int(marker.read_text()) if marker.exists() else None}

@@ -1,0 +1,171 @@
+"""The shards path (engines/build.py) without a cluster: the in-process engine gives the index
+the local streaming path gives, chunk for chunk, id for id, and updates either way."""
+from __future__ import annotations
+
+import shutil
+import sqlite3
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from semsearch.engines import make_engine
+from semsearch.engines.build import EngineError, update_with_engine
+from semsearch.engines.inprocess import InProcessEngine
+from semsearch.errors import CorpusError, InputError
+from semsearch.indexing import VectorSettings, index_corpus
+from semsearch.store import Manifest
+
+
+def dump(folder: Path) -> tuple[list[tuple], np.ndarray, list[tuple]]:
+    """(chunk rows with their file path, vectors (n, d), files) of an index, by chunk id."""
+    m = Manifest.load(folder)
+    db = sqlite3.connect(folder / m.files["docs"])
+    rows = db.execute("SELECT c.id, f.path, c.row, c.ord, c.start, c.end, c.line, c.text, c.metadata, length(c.vector)"
+                      " FROM chunks c JOIN files f ON f.id = c.file_id ORDER BY c.id").fetchall()
+    vecs = np.stack([np.frombuffer(v, np.float32) for (v,) in db.execute("SELECT vector FROM chunks ORDER BY id")])
+    files = db.execute("SELECT id, path, hash, size, documents FROM files ORDER BY id").fetchall()
+    db.close()
+    return rows, vecs, files
+
+
+def faiss_ids(folder: Path) -> np.ndarray:
+    import faiss
+
+    m = Manifest.load(folder)
+    index = faiss.read_index(str(folder / m.files["vectors"]))
+    if hasattr(index, "id_map"):
+        return np.sort(faiss.vector_to_array(index.id_map))
+    ivf = faiss.extract_index_ivf(index)  # ids live in the inverted lists
+    inv = ivf.invlists
+    ids = [faiss.rev_swig_ptr(inv.get_ids(i), inv.list_size(i)).copy() for i in range(ivf.nlist) if inv.list_size(i)]
+    return np.sort(np.concatenate(ids))
+
+
+def assert_same_index(a: Path, b: Path, atol: float = 0.0) -> None:
+    ra, va, fa = dump(a)
+    rb, vb, fb = dump(b)
+    assert ra == rb and fa == fb
+    np.testing.assert_allclose(va, vb, rtol=0, atol=atol)
+    np.testing.assert_array_equal(faiss_ids(a), faiss_ids(b))
+    np.testing.assert_array_equal(faiss_ids(a), [r[0] for r in ra])
+    ma, mb = Manifest.load(a), Manifest.load(b)
+    assert ma.counts == mb.counts and ma.index["type"] == mb.index["type"]
+
+
+def edit_corpus(root: Path) -> None:
+    """Change one file, delete one, add one, and touch one without changing it."""
+    (root / "banking" / "mortgage_rates.md").write_text("# Mortgage rates\nRates rose again this spring.\n")
+    (root / "travel" / "packing_light.txt").unlink()
+    (root / "new_note.txt").write_text("Lighthouses guide ships along rocky coasts at night.\n")
+    p = root / "meteor_showers.txt"
+    p.write_bytes(p.read_bytes())  # new mtime, same bytes
+
+
+def test_inprocess_engine_equals_local_and_updates_either_way(sample_copy, tmp_path, fake_encoder):
+    a, b = tmp_path / "local", tmp_path / "shards"
+    index_corpus(sample_copy, a, fake_encoder)
+    rep = index_corpus(sample_copy, b, fake_encoder, engine=InProcessEngine(fake_encoder, shard_rows=7))
+    assert rep.engine["shards"] > 3 and rep.engine["files"] == 25
+    assert not list(b.glob(".staging-*"))  # the staging folder is gone after the run
+    assert_same_index(a, b)
+
+    edit_corpus(sample_copy)
+    ra = index_corpus(sample_copy, a, fake_encoder)
+    rb = index_corpus(sample_copy, b, fake_encoder, engine=InProcessEngine(fake_encoder))
+    for k in ("added", "updated", "removed", "unchanged", "documents", "chunks"):
+        assert getattr(ra, k) == getattr(rb, k), k
+    assert (rb.added, rb.updated, rb.removed) == (1, 1, 1) and rb.engine["files"] == 3  # changed, new, touched
+    assert_same_index(a, b)
+
+    # the shard-built index updated by the local engine, and the local one by the shards path
+    (sample_copy / "cooking" / "red_lentil_soup.txt").write_text("Lentil soup with lemon.\n")
+    index_corpus(sample_copy, a, fake_encoder, engine=InProcessEngine(fake_encoder))
+    index_corpus(sample_copy, b, fake_encoder)
+    assert_same_index(a, b)
+
+
+def test_shards_path_builds_ivf_and_keeps_states(sample_copy, tmp_path, real_encoder):
+    a, b = tmp_path / "local", tmp_path / "shards"
+    vs = VectorSettings(index_type="ivf")
+    index_corpus(sample_copy, a, real_encoder, keep_states=True, vectors=vs)
+    index_corpus(sample_copy, b, real_encoder, keep_states=True, vectors=vs, engine=InProcessEngine(real_encoder))
+    assert_same_index(a, b, atol=1e-5)
+    assert Manifest.load(b).index["type"] == "ivf" and Manifest.load(b).states
+    # kept states re-pool to the same vectors in both
+    from semsearch.indexing import encoder_for_index
+
+    for f in (a, b):
+        enc = encoder_for_index(Manifest.load(f), pooling="max", device="cpu", precision="fp32")
+        index_corpus(sample_copy, f, enc)
+    assert_same_index(a, b, atol=1e-5)
+
+
+def test_staged_duplicates_kept_once_and_lost_chunks_refused(sample_copy, tmp_path, fake_encoder):
+    class Duplicating(InProcessEngine):
+        def run(self, jobs, spec, staging):
+            figures = super().run(jobs, spec, staging)
+            first = sorted((staging / "shards").glob("*.parquet"))[0]
+            shutil.copy(first, first.with_name("retry-" + first.name))  # a write that happened twice
+            return figures
+
+    class Losing(InProcessEngine):
+        def run(self, jobs, spec, staging):
+            import pyarrow.compute as pc
+            import pyarrow.parquet as pq
+
+            figures = super().run(jobs, spec, staging)
+            first = sorted((staging / "shards").glob("*.parquet"))[0]
+            t = pq.read_table(first)
+            pq.write_table(t.filter(pc.invert(pc.and_(pc.equal(t["doc"], 0), pc.equal(t["ord"], 0)))), first)
+            return figures
+
+    a, b = tmp_path / "local", tmp_path / "dup"
+    index_corpus(sample_copy, a, fake_encoder)
+    index_corpus(sample_copy, b, fake_encoder, engine=Duplicating(fake_encoder, shard_rows=7))
+    assert_same_index(a, b)
+    with pytest.raises(EngineError, match="chunk"):
+        index_corpus(sample_copy, tmp_path / "lost", fake_encoder, rebuild=True, engine=Losing(fake_encoder, shard_rows=7))
+    assert not (tmp_path / "lost" / "manifest.json").exists()
+
+
+def test_bad_file_through_engine_names_it_and_keeps_index(tmp_path, fake_encoder, small_corpus):
+    folder = tmp_path / "idx"
+    index_corpus(small_corpus, folder, fake_encoder, engine=InProcessEngine(fake_encoder))
+    before = dump(folder)
+    (small_corpus / "bad.jsonl").write_text('{"text": "fine"}\n{not json\n')
+    with pytest.raises(CorpusError, match="bad.jsonl"):
+        index_corpus(small_corpus, folder, fake_encoder, engine=InProcessEngine(fake_encoder))
+    assert dump(folder)[0] == before[0]
+    (small_corpus / "bad.jsonl").unlink()
+    (small_corpus / "latin1.txt").write_bytes("caf\xe9 cr\xe8me".encode("latin-1"))
+    rep = index_corpus(small_corpus, folder, fake_encoder, engine=InProcessEngine(fake_encoder))
+    assert sum(rep.skipped.values()) == 1 and rep.added == 0
+
+
+def test_make_engine_checks_its_options():
+    assert make_engine("local") is None
+    with pytest.raises(InputError, match="--engine ray"):
+        make_engine("local", workers=2)
+    with pytest.raises(InputError, match="valid engines"):
+        make_engine("spark")
+
+
+def test_ray_engine_without_ray_names_the_extra(monkeypatch, sample_copy, tmp_path, fake_encoder):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if Ray were not installed
+    engine = make_engine("ray", workers=1)  # constructing it needs no Ray
+    with pytest.raises(InputError, match=r"semsearch\[ray\]"):
+        index_corpus(sample_copy, tmp_path / "idx", fake_encoder, engine=engine)
+    assert not (tmp_path / "idx" / "manifest.json").exists()
+
+
+def test_core_does_not_import_ray(sample_copy, tmp_path):
+    import subprocess
+    import sys
+
+    code = ("import sys; from semsearch.indexing import index_corpus; from semsearch.cli import main; "
+            "import semsearch.engines.build, semsearch.engines.inprocess; print('ray' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
