@@ -176,8 +176,10 @@ class EvalReport:
         return {"dataset": self.dataset, "split": self.split, "results": self.rows, "settings": self.settings, "seconds": self.seconds}
 
 
-def evaluate_beir(data: BeirData, encoder, poolings: Sequence[str], ks: Sequence[int] = DEFAULT_KS, progress: bool | None = None) -> EvalReport:
-    """Exact-search metrics for each pooling, from one encoder pass over corpus and queries."""
+def evaluate_beir(data: BeirData, encoder, poolings: Sequence[str], ks: Sequence[int] = DEFAULT_KS, progress: bool | None = None,
+                  subsets: dict[str, Sequence[str]] | None = None) -> EvalReport:
+    """Exact-search metrics for each pooling, from one encoder pass over corpus and queries; with
+    `subsets` ({name: query ids}), also a row per pooling on each subset of the queries."""
     t0 = time.perf_counter()
     docs = encoder.encode_many(data.doc_texts, poolings, progress=progress)
     t1 = time.perf_counter()
@@ -187,8 +189,13 @@ def evaluate_beir(data: BeirData, encoder, poolings: Sequence[str], ks: Sequence
     rep = EvalReport(str(data.folder), data.split, settings=_settings(encoder, data))
     for p in poolings:
         scores, idx = exact_search(queries[p], docs[p], depth)
-        m = trec_metrics(data.qrels, to_run(data.query_ids, data.doc_ids, scores, idx), ks)
+        run = to_run(data.query_ids, data.doc_ids, scores, idx)
+        m = trec_metrics(data.qrels, run, ks)
         rep.rows.append({"pooling": p, "search": "exact", **{k: round(v, 2) for k, v in m.items()}})
+        for name, qids in (subsets or {}).items():
+            if qids:
+                m = trec_metrics({q: data.qrels[q] for q in qids}, run, ks)
+                rep.rows.append({"pooling": p, "search": "exact", "queries": f"{name} ({len(qids)})", **{k: round(v, 2) for k, v in m.items()}})
     rep.seconds = {"encode_corpus": round(t1 - t0, 2), "encode_queries": round(t2 - t1, 2), "total": round(time.perf_counter() - t0, 2),
                    "docs_per_s": round(len(data.doc_texts) / max(t1 - t0, 1e-9), 1)}
     return rep

@@ -1,0 +1,157 @@
+"""Measure training options on SciFact's *train* split only (dev = queries on held-out documents).
+
+    python scripts/train_options.py                 # every option, writes results/train_options.{md,json}
+    python scripts/train_options.py --only full,diagonal --seeds 0,1
+
+The token states of the corpus, the train queries and the corpus titles / first sentences (the
+unlabelled pseudo-queries) are computed once at fp32 and cached under results/expcache; each option
+then trains on them. The test split is never read here: pick the default on these figures, then
+report it once with scripts/train_scifact.py.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+import numpy as np  # noqa: E402
+
+from semsearch.train.states import StateCache  # noqa: E402
+
+OPTIONS = {
+    # name: (TrainConfig overrides, pseudo-query source or None)
+    "full": ({"projection": "full"}, None),
+    "full-decay": ({"projection": "full", "weight_decay": 10.0}, None),
+    "full-lr5e-4": ({"projection": "full", "lr": 5e-4}, None),
+    "diagonal": ({"projection": "diagonal"}, None),
+    "none": ({"projection": "none"}, None),
+    "full+titles": ({"projection": "full"}, "titles"),
+    "diagonal+titles": ({"projection": "diagonal"}, "titles"),
+    "full+firsts": ({"projection": "full"}, "firsts"),
+    "titles-only": ({"projection": "full"}, "titles-only"),
+}
+
+
+def corpus_pseudo_queries(corpus: Path) -> tuple[list[str], list[str]]:
+    """(titles, first sentences) of every corpus record, in corpus order."""
+    titles, firsts = [], []
+    with open(corpus, encoding="utf-8") as fh:
+        for line in fh:
+            r = json.loads(line)
+            titles.append((r.get("title") or "").strip() or "untitled")
+            firsts.append(first_sentence(r.get("text") or "") or "empty")
+    return titles, firsts
+
+
+def first_sentence(text: str) -> str:
+    m = re.match(r"(.{20,}?[.!?])\s", text.strip() + " ")
+    return m.group(1) if m else text.strip()[:200]
+
+
+def build_caches(data_dir: Path, out: Path) -> dict[str, StateCache]:
+    """The fp32 token states of train queries, titles, first sentences and passages, cached."""
+    from semsearch.encoder import Encoder
+    from semsearch.eval import load_beir
+
+    names = ("queries", "titles", "firsts", "passages")
+    if all((out / f"{n}-final" / "states.json").exists() for n in names):
+        return {n: StateCache.load(out / f"{n}-final") for n in names}
+    enc = Encoder(precision="fp32")
+    tr = load_beir(data_dir, "train")
+    titles, firsts = corpus_pseudo_queries(data_dir / "corpus.jsonl")
+    caches = {}
+    for name, texts in (("queries", tr.query_texts), ("titles", titles), ("firsts", firsts), ("passages", tr.doc_texts)):
+        t = time.perf_counter()
+        c = StateCache.build(enc, texts, progress=True)
+        c.save(out / f"{name}-final", {"texts": len(texts)})
+        caches[name] = c
+        print(f"encoded {len(texts)} {name} in {time.perf_counter() - t:.0f} s", flush=True)
+    return caches
+
+
+def concat(a: StateCache, b: StateCache) -> StateCache:
+    spans_a = np.stack([a.part, a.start, a.length], 1)
+    spans_b = np.stack([b.part + len(a.parts), b.start, b.length], 1)
+    return StateCache.from_spans(a.parts + b.parts, np.concatenate([spans_a, spans_b]))
+
+
+def run_option(name: str, seed: int, data, caches: dict[str, StateCache]) -> dict:
+    from semsearch.train.data import PairData
+    from semsearch.train.trainer import TrainConfig, train_head
+
+    overrides, pseudo = OPTIONS[name]
+    queries, qstates = list(data.queries), caches["queries"]
+    positives = {q: set(p) for q, p in data.positives.items()}
+    unlabelled: set[int] = set()
+    if pseudo:
+        src = pseudo.split("-")[0]
+        n0 = len(queries)
+        # Pseudo-query i -> corpus document i (the corpus order of data.passages).
+        queries += [f"{src}:{i}" for i in range(len(data.passages))]
+        positives.update({n0 + i: {i} for i in range(len(data.passages))})
+        unlabelled = set(range(n0, n0 + len(data.passages)))
+        qstates = concat(qstates, caches[src])
+    d = PairData(queries, data.passages, positives, passage_ids=data.passage_ids, checksum=data.checksum,
+                 source=data.source, unlabelled=unlabelled)
+    if pseudo and pseudo.endswith("-only"):
+        # No labels at all: every labelled query is dev; train only on the pseudo-queries.
+        d.dev_queries = sorted(data.positives)
+    cfg = TrainConfig(seed=seed, **overrides)
+    t = time.perf_counter()
+    res = train_head(d, None, cfg, passages=caches["passages"], queries=qstates, progress=False)
+    return {"option": name, "seed": seed, "split": res.split.kind, "dev_q": res.n_dev, "unseen_q": len(res.split.unseen),
+            "base_unseen": round(res.base.get("unseen", float("nan")), 2), "head_unseen": round(res.best.get("unseen", float("nan")), 2),
+            "gain_unseen": round(res.best.get("unseen", 0) - res.base.get("unseen", 0), 2),
+            "best_epoch": res.best_epoch, "epochs_run": len(res.history), "seconds": round(time.perf_counter() - t, 1),
+            "history": res.history}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", default=str(REPO.parent / "shared" / "data" / "beir" / "scifact"))
+    ap.add_argument("--cache", default=str(REPO / "results" / "expcache"))
+    ap.add_argument("--out", default=str(REPO / "results" / "train_options"))
+    ap.add_argument("--only", default=None, help="comma-separated option names")
+    ap.add_argument("--seeds", default="0,1")
+    args = ap.parse_args()
+    import torch
+
+    torch.set_num_threads(2)
+    from semsearch.train.data import from_beir
+
+    data = from_beir(args.data, "train")  # the train split only: the test split is never read here
+    caches = build_caches(Path(args.data), Path(args.cache))
+    names = args.only.split(",") if args.only else list(OPTIONS)
+    rows = []
+    for name in names:
+        for seed in (int(s) for s in args.seeds.split(",")):
+            r = run_option(name, seed, data, caches)
+            rows.append(r)
+            print(json.dumps({k: v for k, v in r.items() if k != "history"}), flush=True)
+    from semsearch.eval import format_table
+
+    table = format_table([{k: v for k, v in r.items() if k != "history"} for r in rows])
+    means = {}
+    for r in rows:
+        means.setdefault(r["option"], []).append(r["gain_unseen"])
+    summary = "\n".join(f"{k}: mean unseen-document dev gain {np.mean(v):+.2f} over {len(v)} seed(s)" for k, v in means.items())
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    prev = json.loads(out.with_suffix(".json").read_text()) if out.with_suffix(".json").exists() else []
+    out.with_suffix(".json").write_text(json.dumps(prev + rows, indent=2))
+    out.with_suffix(".md").write_text(out.with_suffix(".md").read_text() + "\n" + table + "\n\n" + summary + "\n"
+                                      if out.with_suffix(".md").exists() else table + "\n\n" + summary + "\n")
+    print(table)
+    print(summary)
+
+
+if __name__ == "__main__":
+    main()
