@@ -3,9 +3,10 @@
     python scripts/train_options.py                 # every option, writes results/train_options.{md,json}
     python scripts/train_options.py --only full,diagonal --seeds 0,1
 
-The token states of the corpus, the train queries and the corpus titles / first sentences (the
-unlabelled pseudo-queries) are computed once at fp32 and cached under results/expcache; each option
-then trains on them. The test split is never read here: pick the default on these figures, then
+The passages' token states come from the SciFact index that scripts/train_scifact.py builds (kept
+states, fp32); those of the train queries and the corpus titles / first sentences (the unlabelled
+pseudo-queries) are computed once at fp32 and cached under results/expcache; each option then
+trains on them. The test split is never read here: pick the default on these figures, then
 report it once with scripts/train_scifact.py.
 """
 from __future__ import annotations
@@ -56,24 +57,32 @@ def first_sentence(text: str) -> str:
     return m.group(1) if m else text.strip()[:200]
 
 
-def build_caches(data_dir: Path, out: Path) -> dict[str, StateCache]:
-    """The fp32 token states of train queries, titles, first sentences and passages, cached."""
-    from semsearch.encoder import Encoder
-    from semsearch.eval import load_beir
+def build_caches(data_dir: Path, out: Path, index: Path, data, needed: set[str]) -> dict[str, StateCache]:
+    """Token states of the train queries and the pseudo-queries (fp32, cached under `out`), and of
+    the passages from `index` (built with --keep-states), as scripts/train_scifact.py builds it."""
+    from semsearch.train.index_states import passage_states
 
-    names = ("queries", "titles", "firsts", "passages")
-    if all((out / f"{n}-final" / "states.json").exists() for n in names):
-        return {n: StateCache.load(out / f"{n}-final") for n in names}
-    enc = Encoder(precision="fp32")
-    tr = load_beir(data_dir, "train")
-    titles, firsts = corpus_pseudo_queries(data_dir / "corpus.jsonl")
     caches = {}
-    for name, texts in (("queries", tr.query_texts), ("titles", titles), ("firsts", firsts), ("passages", tr.doc_texts)):
-        t = time.perf_counter()
-        c = StateCache.build(enc, texts, progress=True)
-        c.save(out / f"{name}-final", {"texts": len(texts)})
+    titles, firsts = corpus_pseudo_queries(data_dir / "corpus.jsonl")
+    enc = None
+    for name, texts in (("queries", data.queries), ("titles", titles), ("firsts", firsts)):
+        if name not in needed:
+            continue
+        c = StateCache.load(out / f"{name}-final", {"texts": len(texts)})
+        if c is None:
+            from semsearch.encoder import Encoder
+
+            enc = enc or Encoder(precision="fp32")
+            t = time.perf_counter()
+            c = StateCache.build(enc, texts, progress=True)
+            c.save(out / f"{name}-final", {"texts": len(texts)})
+            print(f"encoded {len(texts)} {name} in {time.perf_counter() - t:.0f} s", flush=True)
         caches[name] = c
-        print(f"encoded {len(texts)} {name} in {time.perf_counter() - t:.0f} s", flush=True)
+    if not (index / "manifest.json").exists():
+        sys.exit(f"{index}: build it first: semsearch index CORPUS_DIR --index {index} --keep-states --text-column title,text --precision fp32")
+    got = passage_states(index, data.passages, data.passage_ids, None)
+    assert got.encoded == 0, got.encoded
+    caches["passages"] = got.passages
     return caches
 
 
@@ -118,6 +127,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", default=str(REPO.parent / "shared" / "data" / "beir" / "scifact"))
     ap.add_argument("--cache", default=str(REPO / "results" / "expcache"))
+    ap.add_argument("--index", default=str(REPO / "results" / "scifact_work" / "index"), help="the SciFact index with kept states")
     ap.add_argument("--out", default=str(REPO / "results" / "train_options"))
     ap.add_argument("--only", default=None, help="comma-separated option names")
     ap.add_argument("--seeds", default="0,1")
@@ -128,8 +138,9 @@ def main() -> None:
     from semsearch.train.data import from_beir
 
     data = from_beir(args.data, "train")  # the train split only: the test split is never read here
-    caches = build_caches(Path(args.data), Path(args.cache))
     names = args.only.split(",") if args.only else list(OPTIONS)
+    needed = {"queries"} | {OPTIONS[n][1].split("-")[0] for n in names if OPTIONS[n][1]}
+    caches = build_caches(Path(args.data), Path(args.cache), Path(args.index), data, needed)
     rows = []
     for name in names:
         for seed in (int(s) for s in args.seeds.split(",")):

@@ -320,6 +320,8 @@ def _eval_encoder(model, pooling, heads, device, precision):
 @click.option("--pairs", type=click.Path(path_type=Path), default=None, help="Or a CSV/TSV of query, positive[, negative] columns.")
 @click.option("--index", "index", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="An index built with --keep-states over the training corpus: passages' token states come from it (no second encoding).")
+@click.option("--pseudo-queries/--no-pseudo-queries", default=False, show_default=True,
+              help="With --index: also train on unlabelled pairs from the corpus (each document's first sentence or title as a query for it). Alone (no --beir/--pairs): only on those.")
 @click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path), help="Folder to write the head to.")
 @click.option("--model", default=None, help="Base model (frozen). Default: the bundled all-MiniLM-L6-v2.")
 @click.option("--epochs", type=click.IntRange(min=1), default=10, show_default=True, help="At most this many epochs (see --patience).")
@@ -345,7 +347,7 @@ def _eval_encoder(model, pooling, heads, device, precision):
 @click.option("--precision", type=click.Choice(["auto", "fp32", "bf16", "fp16"]), default="auto", show_default=True, help="Encoder arithmetic for the token states.")
 @click.option("--progress/--no-progress", default=None, help="Progress bar. Default: shown on a terminal.")
 @handle_errors
-def train(beir, split, dev_split, pairs, index, out, model, epochs, patience, batch_size, positives_per_query, lr, weight_decay, scale,
+def train(beir, split, dev_split, pairs, index, pseudo_queries, out, model, epochs, patience, batch_size, positives_per_query, lr, weight_decay, scale,
           hard_negatives, neg_skip, neg_depth, symmetric, projection, dev_fraction, seed, cache, force, device, precision, progress):
     """Train a pooling head contrastively on (query, relevant passage) pairs.
 
@@ -360,17 +362,27 @@ def train(beir, split, dev_split, pairs, index, out, model, epochs, patience, ba
     semsearch train --beir ../shared/data/beir/scifact --index indexes/x --out heads/scifact
     semsearch eval ../shared/data/beir/scifact --head heads/scifact
     """
+    import numpy as np
+
     from semsearch.encoder.encoder import Encoder
     from semsearch.errors import InputError
     from semsearch.train import data as td
     from semsearch.train.head import save_head
     from semsearch.train.trainer import TrainConfig, config_dict, train_head
 
-    if (beir is None) == (pairs is None):
-        raise InputError("give exactly one of --beir DATASET or --pairs FILE")
+    if beir is not None and pairs is not None:
+        raise InputError("give one of --beir DATASET or --pairs FILE, not both")
+    unlabelled_only = beir is None and pairs is None
+    if unlabelled_only and (index is None or not pseudo_queries):
+        raise InputError("give --beir DATASET or --pairs FILE, or --index DIR --pseudo-queries to train on the corpus alone")
+    if pseudo_queries and index is None:
+        raise InputError("--pseudo-queries needs --index DIR (an index built with --keep-states)")
     if dev_split is not None and beir is None:
         raise InputError("--dev-split needs --beir")
-    data = td.from_beir(beir, split, dev_split) if beir is not None else td.from_pairs_file(pairs)
+    if unlabelled_only:
+        data = td.PairData([], [], {}, checksum="", source=f"{index} (unlabelled)")
+    else:
+        data = td.from_beir(beir, split, dev_split) if beir is not None else td.from_pairs_file(pairs)
     cfg = TrainConfig(epochs=epochs, batch_size=batch_size, lr=lr, weight_decay=weight_decay, scale=scale, hard_negatives=hard_negatives,
                       neg_skip=neg_skip, neg_depth=neg_depth, symmetric=symmetric, projection=projection,
                       positives_per_query=positives_per_query, patience=patience, dev_fraction=dev_fraction, seed=seed)
@@ -380,9 +392,22 @@ def train(beir, split, dev_split, pairs, index, out, model, epochs, patience, ba
     if index is not None:
         from semsearch.train.index_states import passage_states
 
-        got = passage_states(index, data.passages, data.passage_ids, enc, progress)
-        passages = got.passages
-        click.echo(f"token states of {got.from_index} passages from {index}" + (f", {got.encoded} encoded" if got.encoded else ""), err=True)
+        from semsearch.train.states import StateCache
+
+        if data.passages:
+            got = passage_states(index, data.passages, data.passage_ids, enc, progress)
+            passages = got.passages
+            click.echo(f"token states of {got.from_index} passages from {index}" + (f", {got.encoded} encoded" if got.encoded else ""), err=True)
+        else:
+            passages = StateCache.from_spans([], np.zeros((0, 3), np.int64))
+        if pseudo_queries:
+            from semsearch.train.index_states import add_pseudo_queries, index_chunks
+
+            data, passages = add_pseudo_queries(data, passages, index_chunks(index, enc), seed=seed)
+            if unlabelled_only:  # no labels: the pseudo-queries are the dev set too (a proxy task)
+                data.unlabelled = set()
+                data.checksum = td.texts_checksum(data.queries, data.passages)
+            click.echo(f"{len(data.queries)} queries with the corpus's pseudo-queries, {len(data.passages)} passages", err=True)
     res = train_head(data, enc, cfg, cache, progress, passages=passages)
     for row in res.history:
         click.echo("  " + ", ".join(f"{k} {v}" for k, v in row.items()), err=True)

@@ -288,7 +288,8 @@ def write_beir(folder, topics=16, dev_topics=()):
     with open(folder / "corpus.jsonl", "w") as fh:
         for k in range(topics):
             for j in range(2):
-                fh.write(json.dumps({"_id": f"d{k}-{j}", "title": f"{words[k]} {j}", "text": f"a note about {words[k]} and more {words[k]}"}) + "\n")
+                fh.write(json.dumps({"_id": f"d{k}-{j}", "title": f"All about the {words[k]}, part {j}.",
+                                     "text": f"A note about {words[k]} and more {words[k]}, with details on {words[k]} number {j} for readers."}) + "\n")
     with open(folder / "queries.jsonl", "w") as fh, open(folder / "qrels" / "train.tsv", "w") as tr, open(folder / "qrels" / "dev.tsv", "w") as dv:
         tr.write("query-id\tcorpus-id\tscore\n")
         dv.write("query-id\tcorpus-id\tscore\n")
@@ -340,3 +341,33 @@ def test_dev_split_uses_the_datasets_own_dev_qrels(tmp_path):
     assert m["dev_split"] == "given" and m["dev_queries"] == 12 and m["train_queries"] == 32
     assert m["unseen_dev_queries"] == 0  # every dev query's document is a training positive
     assert "12 dev queries (the given dev split; 0 with unseen documents)" in r.output
+
+
+def test_train_takes_passage_states_from_an_index_with_kept_states(tmp_path):
+    """No second encoding of the passages: their states come from the index; same dev figures."""
+    ds = write_beir(tmp_path / "ds")
+    idx = tmp_path / "idx"
+    r = CliRunner().invoke(main, ["index", str(ds / "corpus.jsonl"), "--index", str(idx), "--keep-states", "--text-column", "title,text",
+                                  "--precision", "fp32", "--no-progress"])
+    assert r.exit_code == 0, r.output
+    common = ["--epochs", "2", "--batch-size", "8", "--precision", "fp32", "--no-progress", "--force"]
+    a = CliRunner().invoke(main, ["train", "--beir", str(ds), "--index", str(idx), "--out", str(tmp_path / "a"), "--cache", str(tmp_path / "c1"), *common])
+    assert a.exit_code == 0, a.output
+    assert "token states of 32 passages from" in a.output and "encoded" not in a.output.split("token states of")[1].split("\n")[0]
+    assert not any(p.name.startswith("passages-") for p in (tmp_path / "c1").iterdir())  # passages were not encoded
+    b = CliRunner().invoke(main, ["train", "--beir", str(ds), "--out", str(tmp_path / "b"), "--cache", str(tmp_path / "c2"), *common])
+    assert b.exit_code == 0, b.output
+    ma = json.loads((tmp_path / "a" / "head.json").read_text())["metrics"]
+    mb = json.loads((tmp_path / "b" / "head.json").read_text())["metrics"]
+    assert ma["dev_ndcg@10_base_mean"] == pytest.approx(mb["dev_ndcg@10_base_mean"], abs=0.01)
+    # eval --head reports the documents the head never trained on
+    r = CliRunner().invoke(main, ["eval", str(ds), "--split", "train", "--head", str(tmp_path / "a"), "--precision", "fp32", "--json"])
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.output)["results"]
+    unseen = [row for row in rows if row.get("queries", "").startswith("unseen documents")]
+    assert len(unseen) == 2 and unseen[0]["queries"] == f"unseen documents ({ma['dev_queries']})"
+
+    # unlabelled: pseudo-queries from the corpus alone
+    r = CliRunner().invoke(main, ["train", "--index", str(idx), "--pseudo-queries", "--out", str(tmp_path / "u"), "--cache", str(tmp_path / "c3"), *common])
+    assert r.exit_code == 0, r.output
+    assert "32 queries with the corpus's pseudo-queries, 32 passages" in r.output

@@ -32,6 +32,7 @@ class IndexStates:
 class IndexChunks:
     texts: list[str]  # every chunk's text, in chunk-id order
     metadata: list[dict]
+    ords: list[int]  # chunk number within its document
     states: StateCache  # their kept token states
 
 
@@ -61,13 +62,69 @@ def _spans(folder: Path, dim: int, refs: list[tuple[str, int, int]]) -> StateCac
 def index_chunks(folder: Path, encoder=None) -> IndexChunks:
     """Every chunk of an index with kept token states: texts, metadata and states (memory-mapped)."""
     m, db = _open(folder, encoder)
-    rows = db.execute("SELECT text, metadata, state_file, state_off, state_len FROM chunks "
+    rows = db.execute("SELECT text, metadata, ord, state_file, state_off, state_len FROM chunks "
                       "WHERE state_file IS NOT NULL ORDER BY id").fetchall()
     db.close()
     if not rows:
         raise InputError(f"{folder}: the index holds no chunks with kept token states")
-    return IndexChunks([r[0] for r in rows], [json.loads(r[1]) if r[1] else {} for r in rows],
-                       _spans(folder, m.states["dim"], [(r[2], r[3], r[4]) for r in rows]))
+    return IndexChunks([r[0] for r in rows], [json.loads(r[1]) if r[1] else {} for r in rows], [r[2] for r in rows],
+                       _spans(folder, m.states["dim"], [(r[3], r[4], r[5]) for r in rows]))
+
+
+def first_sentence(text: str, shortest: int = 20, longest: int = 200) -> str | None:
+    """The text's first sentence (for a document that starts with its title: the title), or None
+    when there is none short enough to be a query for the rest."""
+    import re
+
+    t = " ".join(text.split())
+    m = re.match(r"(.{%d,%d}?[.!?])\s" % (shortest, longest), t + " ")
+    if m is None or len(m.group(1)) > 0.5 * len(t):
+        return None
+    return m.group(1)
+
+
+def add_pseudo_queries(data, passages: StateCache, chunks: IndexChunks, id_field: str = "_id", limit: int | None = None,
+                       seed: int = 0):
+    """Unlabelled pairs from the corpus: each document's first sentence (its title, where it starts
+    with one) as a query for its first chunk. Gives back (data with the pseudo-queries added as
+    unlabelled queries, passages extended with chunks the data lacked)."""
+    from semsearch.train.data import PairData
+
+    pos_by_id = {p: i for i, p in enumerate(data.passage_ids)} if data.passage_ids is not None else {}
+    pos_by_text = {t: i for i, t in enumerate(data.passages)}
+    queries, positives, unlabelled = list(data.queries), {q: set(p) for q, p in data.positives.items()}, set(data.unlabelled)
+    new_texts: list[str] = []
+    new_rows: list[int] = []
+    picks = [i for i in range(len(chunks.texts)) if chunks.ords[i] == 0]
+    if limit is not None and len(picks) > limit:
+        picks = sorted(np.random.default_rng(seed).choice(picks, limit, replace=False).tolist())
+    for i in picks:
+        q = first_sentence(chunks.texts[i])
+        if q is None:
+            continue
+        doc = chunks.metadata[i].get(id_field)
+        p = pos_by_id.get(str(doc)) if doc is not None else None
+        if p is None:
+            p = pos_by_text.get(chunks.texts[i])
+        if p is None:
+            p = len(data.passages) + len(new_texts)
+            pos_by_text[chunks.texts[i]] = p
+            new_texts.append(chunks.texts[i])
+            new_rows.append(i)
+        qi = len(queries)
+        queries.append(q)
+        positives[qi] = {p}
+        unlabelled.add(qi)
+    if new_rows:
+        cs = chunks.states
+        spans = np.concatenate([np.stack([passages.part, passages.start, passages.length], 1),
+                                np.stack([cs.part[new_rows] + len(passages.parts), cs.start[new_rows], cs.length[new_rows]], 1)])
+        passages = StateCache.from_spans(passages.parts + cs.parts, spans)
+    ids = (list(data.passage_ids) + [None] * len(new_texts)) if data.passage_ids is not None else None
+    out = PairData(queries, data.passages + new_texts, positives, data.negatives, passage_ids=ids, query_ids=None,
+                   checksum=data.checksum, source=data.source + f" + {len(unlabelled) - len(data.unlabelled)} pseudo-queries from the index",
+                   dev_queries=data.dev_queries, unlabelled=unlabelled)
+    return out, passages
 
 
 def passage_states(folder: Path, passages: list[str], passage_ids: list[str] | None, encoder,
