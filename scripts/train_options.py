@@ -86,6 +86,28 @@ def build_caches(data_dir: Path, out: Path, index: Path, data, needed: set[str])
     return caches
 
 
+def partial_caches(prefix: str, data, cache: Path, data_dir: Path, needed: set[str]):
+    """The first n corpus documents (those with states in PREFIX_states.f16) and the train queries
+    all of whose relevant documents are among them."""
+    from semsearch.train.data import PairData
+
+    ids = json.loads(Path(prefix + "_ids.json").read_text())
+    spans = np.load(prefix + "_spans.npy")
+    mm = np.memmap(prefix + "_states.f16", dtype=np.float16, mode="r").reshape(-1, 384)
+    n = len(ids)
+    assert list(data.passage_ids[:n]) == ids
+    keep = [q for q in sorted(data.positives) if data.positives[q] and max(data.positives[q]) < n]
+    caches = {}
+    for name in needed:
+        c = StateCache.load(cache / f"{name}-final")
+        caches[name] = c.subset(keep) if name == "queries" else c.subset(range(n))
+    caches["passages"] = StateCache.from_spans([mm], spans)
+    sub = PairData([data.queries[q] for q in keep], data.passages[:n], {i: set(data.positives[q]) for i, q in enumerate(keep)},
+                   passage_ids=ids, checksum=data.checksum + f"/first{n}", source=data.source + f" (first {n} documents)")
+    print(f"partial: {n} documents, {len(keep)} of {len(data.positives)} train queries", flush=True)
+    return sub, caches
+
+
 def concat(a: StateCache, b: StateCache) -> StateCache:
     spans_a = np.stack([a.part, a.start, a.length], 1)
     spans_b = np.stack([b.part + len(a.parts), b.start, b.length], 1)
@@ -131,6 +153,10 @@ def main() -> None:
     ap.add_argument("--out", default=str(REPO / "results" / "train_options"))
     ap.add_argument("--only", default=None, help="comma-separated option names")
     ap.add_argument("--seeds", default="0,1")
+    ap.add_argument("--epochs", type=int, default=None, help="override every option's epochs")
+    ap.add_argument("--partial", default=None,
+                    help="PREFIX: use only the first corpus documents, with states from PREFIX_states.f16 / _spans.npy / _ids.json "
+                         "(the first part of an interrupted --keep-states index, for a machine too busy to finish one)")
     args = ap.parse_args()
     import torch
 
@@ -140,7 +166,13 @@ def main() -> None:
     data = from_beir(args.data, "train")  # the train split only: the test split is never read here
     names = args.only.split(",") if args.only else list(OPTIONS)
     needed = {"queries"} | {OPTIONS[n][1].split("-")[0] for n in names if OPTIONS[n][1]}
-    caches = build_caches(Path(args.data), Path(args.cache), Path(args.index), data, needed)
+    if args.epochs:
+        for n in names:
+            OPTIONS[n][0]["epochs"] = args.epochs
+    if args.partial:
+        data, caches = partial_caches(args.partial, data, Path(args.cache), Path(args.data), needed)
+    else:
+        caches = build_caches(Path(args.data), Path(args.cache), Path(args.index), data, needed)
     rows = []
     for name in names:
         for seed in (int(s) for s in args.seeds.split(",")):
