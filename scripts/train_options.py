@@ -34,6 +34,8 @@ OPTIONS = {
     "full-lr5e-4": ({"projection": "full", "lr": 5e-4}, None),
     "diagonal": ({"projection": "diagonal"}, None),
     "none": ({"projection": "none"}, None),
+    "none-lr5e-4": ({"projection": "none", "lr": 5e-4}, None),
+    "none+titles": ({"projection": "none"}, "titles"),
     "full+titles": ({"projection": "full"}, "titles"),
     "diagonal+titles": ({"projection": "diagonal"}, "titles"),
     "full+firsts": ({"projection": "full"}, "firsts"),
@@ -145,6 +147,40 @@ def run_option(name: str, seed: int, data, caches: dict[str, StateCache]) -> dic
             "history": res.history}
 
 
+def test_report(name: str, data, caches: dict[str, StateCache], data_dir: Path, n_docs: int | None) -> str:
+    """Once, after the option was chosen on dev: train it, then mean pooling vs the head on the
+    SciFact *test* queries (those whose relevant documents are all among the corpus used)."""
+    import torch
+
+    from semsearch.encoder import Encoder
+    from semsearch.encoder.pooling import mean_pool
+    from semsearch.eval import exact_search, format_table, load_beir, read_qrels, to_run, trec_metrics
+    from semsearch.train.data import PairData
+    from semsearch.train.trainer import TrainConfig, train_head
+
+    overrides, pseudo = OPTIONS[name]
+    assert pseudo is None, "test_report runs labelled options"
+    res = train_head(data, None, TrainConfig(**overrides), passages=caches["passages"], queries=caches["queries"], progress=False)
+    test = load_beir(data_dir, "test")
+    docs = set(data.passage_ids)
+    qids = [q for q in test.query_ids if all(d in docs for d in test.qrels[q])]
+    qt = dict(zip(test.query_ids, test.query_texts))
+    enc = Encoder(precision="fp32")
+    qs = StateCache.build(enc, [qt[q] for q in qids], progress=False)
+    train_docs = {d for q in read_qrels(data_dir / "qrels" / "train.tsv").values() for d, r in q.items() if r > 0}
+    qrels = {q: test.qrels[q] for q in qids}
+    unseen = {q: r for q, r in qrels.items() if not any(d in train_docs for d in r)}
+    rows = []
+    for label, fn in (("mean", mean_pool), (f"head ({name})", res.head)):
+        with torch.no_grad():
+            sc, ix = exact_search(qs.pool_all(fn), caches["passages"].pool_all(fn), 100)
+        run = to_run(qids, data.passage_ids, sc, ix)
+        rows.append({"pooling": label, f"ndcg@10 ({len(qids)} q)": round(trec_metrics(qrels, run, [10])["ndcg@10"], 2),
+                     f"ndcg@10 unseen-docs ({len(unseen)} q)": round(trec_metrics(unseen, run, [10])["ndcg@10"], 2)})
+    return (f"SciFact test, corpus = {'first ' + str(n_docs) + ' documents' if n_docs else 'all documents'}; head {name} "
+            f"(saved: {res.improved}; {res.verdict()})\n" + format_table(rows))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", default=str(REPO.parent / "shared" / "data" / "beir" / "scifact"))
@@ -154,6 +190,7 @@ def main() -> None:
     ap.add_argument("--only", default=None, help="comma-separated option names")
     ap.add_argument("--seeds", default="0,1")
     ap.add_argument("--epochs", type=int, default=None, help="override every option's epochs")
+    ap.add_argument("--test-report", default=None, help="OPTION: once the default is chosen, train it and report it on the test split")
     ap.add_argument("--partial", default=None,
                     help="PREFIX: use only the first corpus documents, with states from PREFIX_states.f16 / _spans.npy / _ids.json "
                          "(the first part of an interrupted --keep-states index, for a machine too busy to finish one)")
@@ -173,6 +210,11 @@ def main() -> None:
         data, caches = partial_caches(args.partial, data, Path(args.cache), Path(args.data), needed)
     else:
         caches = build_caches(Path(args.data), Path(args.cache), Path(args.index), data, needed)
+    if args.test_report:
+        text = test_report(args.test_report, data, caches, Path(args.data), len(data.passages) if args.partial else None)
+        print(text)
+        Path(args.out + "_test.md").write_text(text + "\n")
+        return
     rows = []
     for name in names:
         for seed in (int(s) for s in args.seeds.split(",")):

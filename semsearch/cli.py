@@ -335,7 +335,7 @@ def _eval_encoder(model, pooling, heads, device, precision):
 @click.option("--neg-skip", type=click.IntRange(min=0), default=3, show_default=True, help="Skip this many top-ranked non-relevant passages when mining (likely unlabelled positives).")
 @click.option("--neg-depth", type=click.IntRange(min=2), default=50, show_default=True, help="Mine hard negatives from the top N of the base ranking.")
 @click.option("--symmetric", is_flag=True, help="Also train passage -> query.")
-@click.option("--projection", type=click.Choice(["full", "diagonal", "none"]), default="full", show_default=True,
+@click.option("--projection", type=click.Choice(["none", "diagonal", "full"]), default="none", show_default=True,
               help="What follows the attention pooling: a full linear map, a scale per dimension, or nothing.")
 @click.option("--dev-fraction", type=click.FloatRange(0.0, 0.9), default=0.2, show_default=True,
               help="Training queries held out, as whole groups on held-out documents, to pick the best epoch and gate the head. 0: none (then only --force saves).")
