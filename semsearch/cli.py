@@ -373,8 +373,14 @@ def eval_(dataset, split, pooling, heads, model, ks, index, pairs, pair_columns,
         names = (pooling or ["mean"]) + (["head"] if heads else [])
         if dataset is not None:
             data = _subset(ev.load_beir(dataset, split), max_queries, max_docs)
+            subsets = None
+            if heads:
+                from semsearch.train.head import unseen_document_queries
+
+                unseen = unseen_document_queries(heads[0], data.qrels)
+                subsets = {"unseen documents": unseen} if unseen is not None else None
             report = ev.evaluate_beir(data, enc, names, cutoffs, progress=progress, modes=modes or ["dense"],
-                                      fusion=fusion, alpha=alpha, per_query=per_query).to_dict()
+                                      fusion=fusion, alpha=alpha, per_query=per_query, subsets=subsets).to_dict()
         if pairs is not None:
             cols = [c.strip() for c in pair_columns.split(",")] if pair_columns else None
             report["pairs"] = {"file": str(pairs), "results": ev.evaluate_pairs(pairs, enc, names, cols),
@@ -418,66 +424,112 @@ def _eval_encoder(model, pooling, heads, device, precision):
 @main.command()
 @click.option("--beir", "beir", type=click.Path(path_type=Path), default=None, help="A BEIR-format dataset folder to train on (its --split qrels).")
 @click.option("--split", default="train", show_default=True, help="With --beir: the qrels split to train on. Never the split you report.")
+@click.option("--dev-split", default=None, help="With --beir: a qrels split (e.g. dev) to use as the dev set instead of holding out training queries.")
 @click.option("--pairs", type=click.Path(path_type=Path), default=None, help="Or a CSV/TSV of query, positive[, negative] columns.")
+@click.option("--index", "index", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="An index built with --keep-states over the training corpus: passages' token states come from it (no second encoding).")
+@click.option("--pseudo-queries/--no-pseudo-queries", default=False, show_default=True,
+              help="With --index: also train on unlabelled pairs from the corpus (each document's first sentence or title as a query for it). Alone (no --beir/--pairs): only on those.")
 @click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path), help="Folder to write the head to.")
 @click.option("--model", default=None, help="Base model (frozen). Default: the bundled all-MiniLM-L6-v2.")
-@click.option("--epochs", type=click.IntRange(min=1), default=10, show_default=True)
+@click.option("--epochs", type=click.IntRange(min=1), default=10, show_default=True, help="At most this many epochs (see --patience).")
+@click.option("--patience", type=click.IntRange(min=1), default=2, show_default=True, help="Stop after this many epochs without a better dev figure.")
 @click.option("--batch-size", type=click.IntRange(min=2), default=64, show_default=True, help="Pairs per batch; the other pairs' passages are the in-batch negatives.")
+@click.option("--positives-per-query", type=click.IntRange(min=1), default=2, show_default=True, help="Positives sampled per query per epoch (bounds an epoch's cost).")
 @click.option("--lr", type=float, default=2e-3, show_default=True, help="AdamW learning rate of the head.")
+@click.option("--weight-decay", type=click.FloatRange(min=0.0), default=0.0, show_default=True, help="Decay toward the starting point (mean pooling), per unit of learning rate.")
 @click.option("--scale", type=float, default=20.0, show_default=True, help="Similarity scale (1 / temperature) of the InfoNCE loss.")
 @click.option("--hard-negatives", type=click.IntRange(min=0), default=1, show_default=True, help="Mined hard negatives per pair (0: in-batch only).")
 @click.option("--neg-skip", type=click.IntRange(min=0), default=3, show_default=True, help="Skip this many top-ranked non-relevant passages when mining (likely unlabelled positives).")
 @click.option("--neg-depth", type=click.IntRange(min=2), default=50, show_default=True, help="Mine hard negatives from the top N of the base ranking.")
 @click.option("--symmetric", is_flag=True, help="Also train passage -> query.")
-@click.option("--projection/--no-projection", default=True, show_default=True, help="Learn a linear projection after the attention pooling.")
-@click.option("--dev-fraction", type=click.FloatRange(0.0, 0.9), default=0.2, show_default=True, help="Training queries held out to pick the best epoch and gate the head.")
+@click.option("--projection", type=click.Choice(["none", "diagonal", "full"]), default="none", show_default=True,
+              help="What follows the attention pooling: a full linear map, a scale per dimension, or nothing.")
+@click.option("--dev-fraction", type=click.FloatRange(0.0, 0.9), default=0.2, show_default=True,
+              help="Training queries held out, as whole groups on held-out documents, to pick the best epoch and gate the head. 0: none (then only --force saves).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--cache", type=click.Path(file_okay=False, path_type=Path), default=Path("indexes/.cache"), show_default=True,
               help="Where token states are cached, so a second run does not encode again.")
-@click.option("--force", is_flag=True, help="Save the head even if it does not beat mean pooling on the dev set.")
+@click.option("--force", is_flag=True, help="Save the best trained epoch's head even if it does not beat mean pooling on the dev set.")
 @device_option
 @click.option("--precision", type=click.Choice(["auto", "fp32", "bf16", "fp16"]), default="auto", show_default=True, help="Encoder arithmetic for the token states.")
 @click.option("--progress/--no-progress", default=None, help="Progress bar. Default: shown on a terminal.")
 @handle_errors
-def train(beir, split, pairs, out, model, epochs, batch_size, lr, scale, hard_negatives, neg_skip, neg_depth, symmetric,
-          projection, dev_fraction, seed, cache, force, device, precision, progress):
+def train(beir, split, dev_split, pairs, index, pseudo_queries, out, model, epochs, patience, batch_size, positives_per_query, lr, weight_decay, scale,
+          hard_negatives, neg_skip, neg_depth, symmetric, projection, dev_fraction, seed, cache, force, device, precision, progress):
     """Train a pooling head contrastively on (query, relevant passage) pairs.
 
-    The encoder stays frozen: its token states are computed once (and cached), then each epoch
-    trains only the attention-pooling head, with in-batch and mined hard negatives. Part of the
-    training queries is held out; the best epoch on it is kept, and a head that does not beat mean
-    pooling there is not saved (unless --force).
+    The encoder stays frozen: its token states are computed once (taken from an index built with
+    --keep-states when --index is given, else cached), then each epoch trains only the
+    attention-pooling head, with in-batch and mined hard negatives (a query's other labelled
+    positives are never its negatives). Queries on held-out documents are the dev set: the best
+    epoch on them is kept, and a head that does not beat mean pooling there is not saved (unless --force).
 
     \b
-    semsearch train --beir ../shared/data/beir/scifact --split train --out heads/scifact
+    semsearch index corpus/ --index indexes/x --keep-states --text-column title,text
+    semsearch train --beir ../shared/data/beir/scifact --index indexes/x --out heads/scifact
     semsearch eval ../shared/data/beir/scifact --head heads/scifact
     """
+    import numpy as np
+
     from semsearch.encoder.encoder import Encoder
     from semsearch.errors import InputError
     from semsearch.train import data as td
     from semsearch.train.head import save_head
     from semsearch.train.trainer import TrainConfig, config_dict, train_head
 
-    if (beir is None) == (pairs is None):
-        raise InputError("give exactly one of --beir DATASET or --pairs FILE")
-    data = td.from_beir(beir, split) if beir is not None else td.from_pairs_file(pairs)
-    cfg = TrainConfig(epochs=epochs, batch_size=batch_size, lr=lr, scale=scale, hard_negatives=hard_negatives,
+    if beir is not None and pairs is not None:
+        raise InputError("give one of --beir DATASET or --pairs FILE, not both")
+    unlabelled_only = beir is None and pairs is None
+    if unlabelled_only and (index is None or not pseudo_queries):
+        raise InputError("give --beir DATASET or --pairs FILE, or --index DIR --pseudo-queries to train on the corpus alone")
+    if pseudo_queries and index is None:
+        raise InputError("--pseudo-queries needs --index DIR (an index built with --keep-states)")
+    if dev_split is not None and beir is None:
+        raise InputError("--dev-split needs --beir")
+    if unlabelled_only:
+        data = td.PairData([], [], {}, checksum="", source=f"{index} (unlabelled)")
+    else:
+        data = td.from_beir(beir, split, dev_split) if beir is not None else td.from_pairs_file(pairs)
+    cfg = TrainConfig(epochs=epochs, batch_size=batch_size, lr=lr, weight_decay=weight_decay, scale=scale, hard_negatives=hard_negatives,
                       neg_skip=neg_skip, neg_depth=neg_depth, symmetric=symmetric, projection=projection,
-                      dev_fraction=dev_fraction, seed=seed)
+                      positives_per_query=positives_per_query, patience=patience, dev_fraction=dev_fraction, seed=seed)
     enc = Encoder(model, device=device, precision=precision)
     click.echo(f"training on {data.source}: {len(data.queries)} queries, {data.n_pairs} pairs, {len(data.passages)} passages", err=True)
-    res = train_head(data, enc, cfg, cache, progress)
+    passages = None
+    if index is not None:
+        from semsearch.train.index_states import passage_states
+
+        from semsearch.train.states import StateCache
+
+        if data.passages:
+            got = passage_states(index, data.passages, data.passage_ids, enc, progress)
+            passages = got.passages
+            click.echo(f"token states of {got.from_index} passages from {index}" + (f", {got.encoded} encoded" if got.encoded else ""), err=True)
+        else:
+            passages = StateCache.from_spans([], np.zeros((0, 3), np.int64))
+        if pseudo_queries:
+            from semsearch.train.index_states import add_pseudo_queries, index_chunks
+
+            data, passages = add_pseudo_queries(data, passages, index_chunks(index, enc), seed=seed)
+            if unlabelled_only:  # no labels: the pseudo-queries are the dev set too (a proxy task)
+                data.unlabelled = set()
+                data.checksum = td.texts_checksum(data.queries, data.passages)
+            click.echo(f"{len(data.queries)} queries with the corpus's pseudo-queries, {len(data.passages)} passages", err=True)
+    res = train_head(data, enc, cfg, cache, progress, passages=passages)
     for row in res.history:
         click.echo("  " + ", ".join(f"{k} {v}" for k, v in row.items()), err=True)
-    verdict = (f"dev nDCG@10: mean pooling {res.base_dev:.2f}, head {res.best_dev:.2f} (epoch {res.best_epoch}); "
-               f"{res.n_train} train / {res.n_dev} dev queries; token states {res.seconds['token_states']} s, training {res.seconds['training']} s")
+    verdict = res.verdict()
+    if res.gate == "none" and not force:
+        raise click.ClickException(f"no dev set (--dev-fraction 0), so nothing checked the head and it was not saved ({verdict}). Use --force to save it anyway.")
     if not res.improved and not force:
-        raise click.ClickException(f"the head did not beat mean pooling on the dev set, so it was not saved ({verdict}). Use --force to save it anyway.")
+        raise click.ClickException(f"the head did not beat mean pooling on the {'unseen-document ' if res.gate == 'unseen' else ''}dev set, "
+                                   f"so it was not saved ({verdict}). Use --force to save it anyway.")
     info = save_head(res.head, out, {
         "base_model": enc.name, "base_model_fingerprint": enc.fingerprint, "max_length": enc.max_length,
         "training_data": data.source, "training_data_checksum": data.checksum, "hyperparameters": config_dict(cfg),
         "metrics": res.metrics(), "improved_on_dev": res.improved,
-    })
+    }, positive_ids=td.trained_positive_ids(data, res.split.train))
     click.echo(verdict)
     click.echo(f"saved head to {out} (fingerprint {info['fingerprint']})")
 

@@ -196,10 +196,11 @@ class EvalReport:
 
 def evaluate_beir(data: BeirData, encoder, poolings: Sequence[str], ks: Sequence[int] = DEFAULT_KS, progress: bool | None = None,
                   modes: Sequence[str] = ("dense",), fusion: str = "convex", alpha: float | None = None,
-                  per_query: bool = False) -> EvalReport:
+                  per_query: bool = False, subsets: dict[str, Sequence[str]] | None = None) -> EvalReport:
     """Exact-search metrics for each pooling and search mode, from one encoder pass over corpus
     and queries. Modes: dense (cosine), lexical (BM25 over the full document text), hybrid (both,
-    fused as Retriever.search fuses them)."""
+    fused as Retriever.search fuses them). With `subsets` ({name: query ids}), also a row per
+    pooling and mode on each subset of the queries."""
     from semsearch import fusion as fusion_
 
     for m in modes:
@@ -229,6 +230,11 @@ def evaluate_beir(data: BeirData, encoder, poolings: Sequence[str], ks: Sequence
         pq: dict[str, dict[str, float]] | None = {} if per_query else None
         m = trec_metrics(data.qrels, run, ks, data.zero_queries, pq)
         rep.rows.append({"pooling": pooling, "mode": name, "search": search, **{k: round(v, 2) for k, v in m.items()}})
+        for sub, qids in (subsets or {}).items():
+            if qids:
+                ms = trec_metrics({q: data.qrels[q] for q in qids}, run, ks)
+                rep.rows.append({"pooling": pooling, "mode": name, "search": search, "queries": f"{sub} ({len(qids)})",
+                                 **{k: round(v, 2) for k, v in ms.items()}})
         if per_query:
             per_q[f"{name}/{pooling}"] = pq
 

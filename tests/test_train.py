@@ -100,9 +100,11 @@ def toy_data(n=24):
 def test_gate_refuses_a_head_that_does_not_help(real_encoder, tmp_path):
     data = toy_data()
     res = train_head(data, real_encoder, TrainConfig(epochs=2, lr=0.0, batch_size=8, dev_fraction=0.25), cache_dir=tmp_path / "cache")
-    # lr 0: the head never moves from mean pooling, so it cannot beat it.
-    assert not res.improved and res.best_epoch == -1
-    assert res.best_dev == pytest.approx(res.base_dev)
+    # lr 0: the head never moves from mean pooling, so it cannot beat it; the best *trained*
+    # epoch is reported (never the untrained head as "epoch -1").
+    assert not res.improved and res.best_epoch == 0
+    assert res.best[res.gate] == pytest.approx(res.base[res.gate])
+    assert "best trained epoch 0" in res.verdict()
     assert any(p.name.startswith("passages-") for p in (tmp_path / "cache").iterdir())  # states cached
 
 
@@ -164,3 +166,208 @@ def test_new_pooling_without_kept_states_is_refused_with_cost(small_corpus, tmp_
     r = CliRunner().invoke(main, ["index", str(small_corpus), "--index", str(idx), "--pooling", "max", "--no-progress"])
     assert r.exit_code != 0
     assert "pooling 'max' vs the index's 'mean'" in r.output and "--keep-states" in r.output and "MB" in r.output
+
+
+# ---- dev split on held-out documents ----------------------------------------------------
+def test_document_split_keeps_dev_documents_out_of_training():
+    from semsearch.train.split import split_queries
+
+    rng = np.random.default_rng(0)
+    # 60 queries; queries 3k, 3k+1, 3k+2 share document k (groups), plus a few shared across groups.
+    positives = {q: {q // 3} for q in range(60)}
+    positives[5] |= {7}  # links group 1 and group 7
+    s = split_queries(positives, 0.2, rng, n_passages=20)
+    assert s.kind == "documents" and 10 <= len(s.dev) <= 14
+    train_docs = {p for q in s.train for p in positives[q]}
+    assert all(not (positives[q] & train_docs) for q in s.dev)
+    assert s.unseen == s.dev and sorted(s.train + s.dev) == list(range(60))
+    assert ({3, 4, 5} <= set(s.dev)) == ({21, 22, 23} <= set(s.dev))  # linked groups move together
+
+
+def test_split_falls_back_to_queries_when_positives_link_everything():
+    from semsearch.train.split import split_queries
+
+    positives = {q: {0, q + 1} for q in range(50)}  # every query shares document 0
+    s = split_queries(positives, 0.2, np.random.default_rng(0), n_passages=51)
+    assert s.kind == "queries" and len(s.dev) == 10 and s.unseen == []
+    assert "link 50 of 50 queries" in s.note and "51 documents" in s.note
+
+
+def test_dev_fraction_zero_holds_out_nothing():
+    from semsearch.train.split import split_queries
+
+    s = split_queries({q: {q} for q in range(10)}, 0.0, np.random.default_rng(0))
+    assert s.kind == "none" and s.dev == [] and len(s.train) == 10
+
+
+# ---- false negatives: other positives of the same query are masked out ------------------
+def test_positive_mask_marks_other_positives_of_the_same_query():
+    from semsearch.train.loss import positive_mask
+
+    # query 0 has positives {10, 11}, query 1 has {11, 12}; batch targets 10 and 12, negatives 11, 13.
+    m = positive_mask([0, 1], [10, 12, 11, 13], {0: {10, 11}, 1: {11, 12}})
+    assert m.tolist() == [[False, False, True, False], [False, False, True, False]]
+    m = positive_mask([0, 1], [10, 11], {0: {10, 11}, 1: {11}})
+    assert m.tolist() == [[False, True], [False, False]]  # 11 is query 1's target, and query 0's positive
+
+
+def test_masked_positive_gets_no_gradient_and_loss_ignores_it():
+    torch.manual_seed(0)
+    q = torch.randn(2, 8)
+    d = torch.randn(3, 8, requires_grad=True)  # d[2] is another positive of query 0 (a hard negative slot)
+    exclude = torch.tensor([[False, False, True], [False, False, False]])
+    mnr_loss(q[:1], d, 20.0, exclude=exclude[:1]).backward()
+    assert torch.equal(d.grad[2], torch.zeros(8))  # nothing pushes the other positive away
+    # and the loss equals the loss without that passage
+    d2 = d.detach()[:2]
+    assert torch.allclose(mnr_loss(q[:1], d.detach(), 20.0, exclude=exclude[:1]), mnr_loss(q[:1], d2, 20.0))
+    with pytest.raises(AssertionError):
+        assert torch.allclose(mnr_loss(q[:1], d.detach(), 20.0), mnr_loss(q[:1], d2, 20.0))
+
+
+def multi_positive_data():
+    """12 topics x 4 passages each; every query is relevant to all 4 passages of its topic."""
+    topics = ["loan", "soup", "comet", "tomato", "train", "sleep", "index", "mortgage", "fraud", "bread", "orbit", "garden"]
+    passages = [f"note {j} on {t}: {t} facts number {j}" for t in topics for j in range(4)]
+    queries = [f"tell me about {t}" for t in topics for _ in range(3)]
+    positives = {i: {4 * (i // 3) + j for j in range(4)} for i in range(len(queries))}
+    return PairData(queries, passages, positives, checksum="multi")
+
+
+def test_training_on_a_multi_positive_set_never_uses_a_positive_as_negative(real_encoder, tmp_path, monkeypatch):
+    import semsearch.train.trainer as trainer
+
+    data = multi_positive_data()
+    seen = {"rows": 0, "masked": 0}
+    real_loss = trainer.mnr_loss
+
+    def checking_loss(q, d, scale, symmetric, exclude):
+        # every in-batch or mined passage that is a labelled positive of row i (other than its
+        # target) must be masked for row i
+        B = q.shape[0]
+        qs, ps = checking_loss.batch
+        for i in range(B):
+            for j, p in enumerate(ps):
+                if j != i and p in data.positives[qs[i]]:
+                    assert exclude[i, j]
+                    seen["masked"] += 1
+        seen["rows"] += B
+        return real_loss(q, d, scale, symmetric, exclude)
+
+    real_mask = trainer.positive_mask
+
+    def spy_mask(qs, ps, positives):
+        checking_loss.batch = (qs, ps)
+        return real_mask(qs, ps, positives)
+
+    monkeypatch.setattr(trainer, "mnr_loss", checking_loss)
+    monkeypatch.setattr(trainer, "positive_mask", spy_mask)
+    res = train_head(data, real_encoder, TrainConfig(epochs=2, batch_size=16, positives_per_query=4, dev_fraction=0.25,
+                                                     hard_negatives=2, neg_skip=0), cache_dir=tmp_path / "c")
+    assert seen["rows"] > 0 and seen["masked"] > 0  # the batches really held other positives of a query
+    assert res.split.kind == "documents"  # whole topics are held out
+    assert all(np.isfinite(r["loss"]) for r in res.history)
+
+
+def test_positives_per_query_bounds_an_epoch():
+    from semsearch.train.trainer import epoch_pairs
+
+    positives = {0: set(range(40)), 1: {50}}
+    pairs = epoch_pairs([0, 1], positives, 2, np.random.default_rng(0))
+    assert len([p for p in pairs if p[0] == 0]) == 2 and (1, 50) in pairs
+    assert all(p in positives[q] for q, p in pairs)
+
+
+# ---- CLI: refusal message, --force, --dev-fraction 0, --dev-split, eval --head --------------
+def write_beir(folder, topics=16, dev_topics=()):
+    """A small BEIR folder: topic k has 2 documents and 2 train queries (+1 dev query for dev_topics)."""
+    folder.mkdir()
+    (folder / "qrels").mkdir()
+    words = ["loan", "soup", "comet", "tomato", "train", "sleep", "index", "mortgage", "fraud", "bread", "orbit", "garden",
+             "violin", "glacier", "tax", "volcano", "coffee", "chess", "satellite", "honey"]
+    with open(folder / "corpus.jsonl", "w") as fh:
+        for k in range(topics):
+            for j in range(2):
+                fh.write(json.dumps({"_id": f"d{k}-{j}", "title": f"All about the {words[k]}, part {j}.",
+                                     "text": f"A note about {words[k]} and more {words[k]}, with details on {words[k]} number {j} for readers."}) + "\n")
+    with open(folder / "queries.jsonl", "w") as fh, open(folder / "qrels" / "train.tsv", "w") as tr, open(folder / "qrels" / "dev.tsv", "w") as dv:
+        tr.write("query-id\tcorpus-id\tscore\n")
+        dv.write("query-id\tcorpus-id\tscore\n")
+        for k in range(topics):
+            for j in range(2):
+                fh.write(json.dumps({"_id": f"q{k}-{j}", "text": f"what about {words[k]}?"}) + "\n")
+                tr.write(f"q{k}-{j}\td{k}-{j}\t1\n")
+            if k in dev_topics:
+                fh.write(json.dumps({"_id": f"v{k}", "text": f"{words[k]} please"}) + "\n")
+                dv.write(f"v{k}\td{k}-0\t1\n")
+    return folder
+
+
+def test_refusal_reports_the_best_trained_epoch_and_force_saves_a_trained_head(tmp_path):
+    ds = write_beir(tmp_path / "ds")
+    args = ["train", "--beir", str(ds), "--out", str(tmp_path / "h"), "--epochs", "2", "--lr", "0", "--batch-size", "8",
+            "--cache", str(tmp_path / "c"), "--precision", "fp32", "--no-progress"]
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code != 0 and "not saved" in r.output
+    assert "best trained epoch 0" in r.output and "epoch -1" not in r.output
+    assert not (tmp_path / "h").exists()
+    # --force saves the best trained epoch's head, with a real training step behind it
+    r = CliRunner().invoke(main, args[:7] + ["--lr", "0.01"] + args[9:] + ["--force"])
+    assert r.exit_code == 0, r.output
+    head = load_head(tmp_path / "h")
+    assert float(head.score.weight.detach().abs().sum()) > 0  # not the untrained (mean-pooling) head
+    cfg = json.loads((tmp_path / "h" / "head.json").read_text())
+    assert cfg["metrics"]["best_epoch"] >= 0 and cfg["metrics"]["dev_split"] == "documents"
+
+
+def test_dev_fraction_zero_trains_on_every_query_and_needs_force(tmp_path):
+    ds = write_beir(tmp_path / "ds")
+    args = ["train", "--beir", str(ds), "--out", str(tmp_path / "h"), "--epochs", "1", "--batch-size", "8", "--dev-fraction", "0",
+            "--cache", str(tmp_path / "c"), "--precision", "fp32", "--no-progress"]
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code != 0 and "no dev set" in r.output and not (tmp_path / "h").exists()
+    r = CliRunner().invoke(main, args + ["--force"])
+    assert r.exit_code == 0, r.output
+    m = json.loads((tmp_path / "h" / "head.json").read_text())["metrics"]
+    assert m["train_queries"] == 32 and m["dev_queries"] == 0
+
+
+def test_dev_split_uses_the_datasets_own_dev_qrels(tmp_path):
+    ds = write_beir(tmp_path / "ds", dev_topics=range(12))
+    r = CliRunner().invoke(main, ["train", "--beir", str(ds), "--dev-split", "dev", "--out", str(tmp_path / "h"), "--epochs", "1",
+                                  "--batch-size", "8", "--cache", str(tmp_path / "c"), "--precision", "fp32", "--no-progress", "--force"])
+    assert r.exit_code == 0, r.output
+    m = json.loads((tmp_path / "h" / "head.json").read_text())["metrics"]
+    assert m["dev_split"] == "given" and m["dev_queries"] == 12 and m["train_queries"] == 32
+    assert m["unseen_dev_queries"] == 0  # every dev query's document is a training positive
+    assert "12 dev queries (the given dev split; 0 with unseen documents)" in r.output
+
+
+def test_train_takes_passage_states_from_an_index_with_kept_states(tmp_path):
+    """No second encoding of the passages: their states come from the index; same dev figures."""
+    ds = write_beir(tmp_path / "ds")
+    idx = tmp_path / "idx"
+    r = CliRunner().invoke(main, ["index", str(ds / "corpus.jsonl"), "--index", str(idx), "--keep-states", "--text-column", "title,text",
+                                  "--precision", "fp32", "--no-progress"])
+    assert r.exit_code == 0, r.output
+    common = ["--epochs", "2", "--batch-size", "8", "--precision", "fp32", "--no-progress", "--force"]
+    a = CliRunner().invoke(main, ["train", "--beir", str(ds), "--index", str(idx), "--out", str(tmp_path / "a"), "--cache", str(tmp_path / "c1"), *common])
+    assert a.exit_code == 0, a.output
+    assert "token states of 32 passages from" in a.output and "encoded" not in a.output.split("token states of")[1].split("\n")[0]
+    assert not any(p.name.startswith("passages-") for p in (tmp_path / "c1").iterdir())  # passages were not encoded
+    b = CliRunner().invoke(main, ["train", "--beir", str(ds), "--out", str(tmp_path / "b"), "--cache", str(tmp_path / "c2"), *common])
+    assert b.exit_code == 0, b.output
+    ma = json.loads((tmp_path / "a" / "head.json").read_text())["metrics"]
+    mb = json.loads((tmp_path / "b" / "head.json").read_text())["metrics"]
+    assert ma["dev_ndcg@10_base_mean"] == pytest.approx(mb["dev_ndcg@10_base_mean"], abs=0.01)
+    # eval --head reports the documents the head never trained on
+    r = CliRunner().invoke(main, ["eval", str(ds), "--split", "train", "--head", str(tmp_path / "a"), "--precision", "fp32", "--json"])
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.output)["results"]
+    unseen = [row for row in rows if row.get("queries", "").startswith("unseen documents")]
+    assert len(unseen) == 2 and unseen[0]["queries"] == f"unseen documents ({ma['dev_queries']})"
+
+    # unlabelled: pseudo-queries from the corpus alone
+    r = CliRunner().invoke(main, ["train", "--index", str(idx), "--pseudo-queries", "--out", str(tmp_path / "u"), "--cache", str(tmp_path / "c3"), *common])
+    assert r.exit_code == 0, r.output
+    assert "32 queries with the corpus's pseudo-queries, 32 passages" in r.output

@@ -19,10 +19,19 @@ class PairData:
     query_ids: list[str] | None = None
     checksum: str = ""
     source: str = ""
+    dev_queries: list[int] | None = None  # queries held out as given by the data (e.g. a BEIR dev split)
+    unlabelled: set[int] = field(default_factory=set)  # pseudo-queries made from the corpus: trained on, never dev
 
     @property
     def n_pairs(self) -> int:
         return sum(len(v) for v in self.positives.values())
+
+
+def trained_positive_ids(data: PairData, train: Sequence[int]) -> list[str] | None:
+    """Ids of the documents that were labelled positives of the training queries (None without ids)."""
+    if data.passage_ids is None:
+        return None
+    return sorted({data.passage_ids[p] for q in train if q not in data.unlabelled for p in data.positives[q]})
 
 
 def texts_checksum(*groups: Sequence[str]) -> str:
@@ -35,16 +44,34 @@ def texts_checksum(*groups: Sequence[str]) -> str:
     return h.hexdigest()[:16]
 
 
-def from_beir(folder: str | Path, split: str = "train") -> PairData:
+def from_beir(folder: str | Path, split: str = "train", dev_split: str | None = None) -> PairData:
     """Pairs from a BEIR split: each judged (query, relevant document); the corpus is the whole
-    corpus (so hard negatives and the dev metric see every document)."""
-    from semsearch.eval import load_beir
+    corpus (so hard negatives and the dev metric see every document). With dev_split, the
+    queries of that split are the dev set (a query in both is only dev)."""
+    from semsearch.eval import load_beir, read_qrels
 
     d = load_beir(folder, split)
     pos_of = {pid: i for i, pid in enumerate(d.doc_ids)}
-    positives = {qi: {pos_of[doc] for doc, rel in d.qrels[q].items() if rel > 0} for qi, q in enumerate(d.query_ids)}
-    return PairData(d.query_texts, d.doc_texts, positives, passage_ids=d.doc_ids, query_ids=d.query_ids,
-                    checksum=d.checksum, source=f"{folder} ({split})")
+    qids, qtexts, qrels = list(d.query_ids), list(d.query_texts), dict(d.qrels)
+    dev: list[int] | None = None
+    checksum = d.checksum
+    if dev_split is not None:
+        if dev_split == split:
+            raise InputError(f"--dev-split {dev_split!r} is the training split; name another qrels split")
+        dv = load_beir(folder, dev_split)
+        q_of = {q: i for i, q in enumerate(qids)}
+        dev = []
+        for q, text in zip(dv.query_ids, dv.query_texts):
+            if q not in q_of:
+                q_of[q] = len(qids)
+                qids.append(q)
+                qtexts.append(text)
+            qrels[q] = dv.qrels[q]
+            dev.append(q_of[q])
+        checksum = texts_checksum([d.checksum, dv.checksum])
+    positives = {qi: {pos_of[doc] for doc, rel in qrels[q].items() if rel > 0} for qi, q in enumerate(qids)}
+    return PairData(qtexts, d.doc_texts, positives, passage_ids=d.doc_ids, query_ids=qids, checksum=checksum,
+                    source=f"{folder} ({split}{', dev ' + dev_split if dev_split else ''})", dev_queries=dev)
 
 
 def from_pairs_file(path: str | Path) -> PairData:

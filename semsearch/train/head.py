@@ -11,8 +11,12 @@ from semsearch.errors import ModelError
 HEAD_FORMAT = "semsearch-head v1"
 
 
-def save_head(head, folder: Path, config: dict[str, Any]) -> dict[str, Any]:
-    """Write a head and its config; gives back {'path', 'fingerprint'} for manifests."""
+POSITIVES_FILE = "train_positives.txt"
+
+
+def save_head(head, folder: Path, config: dict[str, Any], positive_ids: list[str] | None = None) -> dict[str, Any]:
+    """Write a head and its config (and the ids of the documents it trained on as positives, so
+    that `eval --head` can report the documents it never saw); gives back {'path', 'fingerprint'}."""
     from safetensors.torch import save_file
 
     folder = Path(folder)
@@ -21,7 +25,21 @@ def save_head(head, folder: Path, config: dict[str, Any]) -> dict[str, Any]:
     save_file(tensors, str(folder / "head.safetensors"))
     cfg = {"format": HEAD_FORMAT, "dim": head.dim, "out_dim": head.proj.out_features if head.proj is not None else None, **config}
     (folder / "head.json").write_text(json.dumps(cfg, indent=2, sort_keys=True), encoding="utf-8")
+    if positive_ids is not None:
+        (folder / POSITIVES_FILE).write_text("".join(f"{d}\n" for d in sorted(set(positive_ids))), encoding="utf-8")
+    else:
+        (folder / POSITIVES_FILE).unlink(missing_ok=True)
     return head_info(folder)
+
+
+def unseen_document_queries(folder: str | Path, qrels: dict[str, dict[str, int]]) -> list[str] | None:
+    """The queries of qrels none of whose relevant documents the head trained on as a positive;
+    None when the head folder does not record its training documents (e.g. trained on a pairs file)."""
+    path = Path(folder) / POSITIVES_FILE
+    if not path.exists():
+        return None
+    seen = set(path.read_text(encoding="utf-8").split())
+    return [q for q, rel in qrels.items() if not any(r > 0 and d in seen for d, r in rel.items())]
 
 
 def head_info(folder: Path) -> dict[str, Any]:
