@@ -75,8 +75,8 @@ def main(verbose: bool) -> None:
 @click.option("--pooling", default=None, callback=_pooling_list, help="cls, mean or max. Default: the index's pooling, else mean.")
 @click.option("--head", "head", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None, help="A trained pooling head folder (from `semsearch train`); replaces --pooling.")
 @device_option
-@click.option("--precision", type=click.Choice(["auto", "fp32", "bf16", "fp16"]), default="auto", show_default=True,
-              help="Encoder arithmetic. auto: bf16 on CPUs with AMX/AVX-512-BF16, fp16 on GPUs, else fp32.")
+@click.option("--precision", type=click.Choice(["auto", "fp32", "bf16", "fp16", "int8"]), default="auto", show_default=True,
+              help="Encoder arithmetic. auto: bf16 on CPUs with AMX/AVX-512-BF16, fp16 on GPUs, else int8 (ONNX Runtime, the onnx extra) or fp32.")
 @click.option("--chunk-tokens", type=int, default=None, help="Tokens per chunk. Default: the model's max length - 2 (254).")
 @click.option("--overlap", type=int, default=None, help="Tokens shared by consecutive chunks. Default: 32.")
 @click.option("--text-column", default=None, help="Column (CSV/TSV/Parquet) or field (JSON/JSONL) holding the text; 'title,text' joins several. Default: found automatically.")
@@ -139,6 +139,10 @@ def query(query, index, k, model, pooling, device, as_json, as_jsonl, width):
 
     Scores are cosine similarities between the query and each chunk, in [-1, 1]; higher is closer.
     """
+    import os
+
+    # Before numpy loads: a query's small matmuls run fastest on one BLAS thread (numpy_encoder.py).
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     from semsearch.errors import InputError
     from semsearch.search import Retriever
 
@@ -231,12 +235,13 @@ def info(index, as_json):
 @click.option("--max-queries", type=int, default=None, help="Evaluate only the first N judged queries (with a corpus cut to --max-docs).")
 @click.option("--max-docs", type=int, default=None, help="With --max-queries: keep the judged documents plus others up to N.")
 @device_option
-@click.option("--precision", type=click.Choice(["auto", "fp32", "bf16", "fp16"]), default="auto", show_default=True, help="Encoder arithmetic (see `index --help`).")
+@click.option("--precision", type=click.Choice(["auto", "fp32", "bf16", "fp16", "int8"]), default="auto", show_default=True, help="Encoder arithmetic (see `index --help`).")
+@click.option("--max-length", type=click.IntRange(min=8), default=None, help="Truncate texts at this many tokens (default: the model's, 256 for all-MiniLM-L6-v2).")
 @click.option("--json", "as_json", is_flag=True, help="Every number and the settings that produced it, as JSON.")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Also write the JSON report to this file.")
 @click.option("--progress/--no-progress", default=None, help="Progress bar. Default: shown on a terminal.")
 @handle_errors
-def eval_(dataset, split, pooling, heads, model, ks, index, pairs, pair_columns, max_queries, max_docs, device, precision, as_json, out, progress):
+def eval_(dataset, split, pooling, heads, model, ks, index, pairs, pair_columns, max_queries, max_docs, device, precision, max_length, as_json, out, progress):
     """Measure retrieval quality on a BEIR-format DATASET folder, or pair similarity with --pairs.
 
     \b
@@ -268,7 +273,7 @@ def eval_(dataset, split, pooling, heads, model, ks, index, pairs, pair_columns,
         rep = ev.evaluate_index(data, Retriever.load(index, device=device), cutoffs)
         report = rep.to_dict()
     else:
-        enc = _eval_encoder(model, pooling, heads, device, precision)
+        enc = _eval_encoder(model, pooling, heads, device, precision, max_length)
         names = (pooling or ["mean"]) + (["head"] if heads else [])
         if dataset is not None:
             data = _subset(ev.load_beir(dataset, split), max_queries, max_docs)
@@ -298,13 +303,13 @@ def _subset(data, max_queries, max_docs):
     return data.subset(max_queries, max_docs) if (max_queries or max_docs) else data
 
 
-def _eval_encoder(model, pooling, heads, device, precision):
+def _eval_encoder(model, pooling, heads, device, precision, max_length=None):
     from semsearch.errors import InputError
     from semsearch.indexing import encoder_for_index
 
     if len(heads) > 1:
         raise InputError("evaluate one --head at a time (it is compared with the --pooling baselines)")
-    return encoder_for_index(None, model, None, heads[0] if heads else None, device, precision)
+    return encoder_for_index(None, model, None, heads[0] if heads else None, device, precision, max_length)
 
 
 @main.command()
@@ -328,7 +333,7 @@ def _eval_encoder(model, pooling, heads, device, precision):
               help="Where token states are cached, so a second run does not encode again.")
 @click.option("--force", is_flag=True, help="Save the head even if it does not beat mean pooling on the dev set.")
 @device_option
-@click.option("--precision", type=click.Choice(["auto", "fp32", "bf16", "fp16"]), default="auto", show_default=True, help="Encoder arithmetic for the token states.")
+@click.option("--precision", type=click.Choice(["auto", "fp32", "bf16", "fp16", "int8"]), default="auto", show_default=True, help="Encoder arithmetic for the token states.")
 @click.option("--progress/--no-progress", default=None, help="Progress bar. Default: shown on a terminal.")
 @handle_errors
 def train(beir, split, pairs, out, model, epochs, batch_size, lr, scale, hard_negatives, neg_skip, neg_depth, symmetric,
