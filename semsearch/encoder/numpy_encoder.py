@@ -11,10 +11,15 @@ import contextlib
 import json
 import math
 import os
+import sys
 from pathlib import Path
 from typing import Sequence
 
-import numpy as np
+_FRESH_NUMPY = "numpy" not in sys.modules
+import numpy as np  # noqa: E402
+
+# OpenBLAS reads its thread count once, when numpy loads it.
+_ONE_THREAD_AT_LOAD = _FRESH_NUMPY and os.environ.get("OPENBLAS_NUM_THREADS") == "1"
 
 from semsearch.errors import InputError, ModelError
 
@@ -78,7 +83,7 @@ def one_blas_thread():
     `semsearch query` sets OPENBLAS_NUM_THREADS=1 before numpy loads (no pool is even started);
     in a process where BLAS already has threads, threadpoolctl narrows it for the call.
     """
-    if os.environ.get("OPENBLAS_NUM_THREADS") == "1":
+    if _ONE_THREAD_AT_LOAD:
         return contextlib.nullcontext()
     global _POOLS
     if _POOLS is None:
