@@ -50,6 +50,7 @@ def main() -> None:
 
     from semsearch.encoder import Encoder
     from semsearch.encoder.encoder import default_model_path
+    from semsearch.encoder.hardware import cpu_flags
     from semsearch.encoder.transformer import flops_per_token
 
     docs, queries = [], []
@@ -105,9 +106,12 @@ def main() -> None:
             "min_cosine_fast_vs_fp32": round(float((v * v32).sum(1).min()), 6),
             "max_abs_fp32_vs_baseline": float(np.abs(v32 - ref).max()),
         }
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[fast.precision]
+    # int8 has no torch matmul to time: its figures are against the fp32 peak.
+    dtype = {"bf16": torch.bfloat16}.get(fast.precision, torch.float32)
     peak = matmul_peak(dtype)
     report["matmul_peak_gflops"] = round(peak, 1)
+    report["matmul_peak_dtype"] = str(dtype).removeprefix("torch.")
+    report["cpu_flags"] = sorted(f for f in cpu_flags() if f in ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16", "amx_int8"))
     for w in report["workloads"].values():
         w["fraction_of_peak"] = round(w["achieved_gflops"] / peak, 3)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -105,7 +105,11 @@ def main() -> None:
         blat.append(time.perf_counter() - t)
 
     ms = lambda v: round(1000 * v, 2)  # noqa: E731
+    from semsearch.encoder.hardware import cpu_flags
+
     report = {
+        "cpu_flags": sorted(f for f in cpu_flags() if f in ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8")),
+        "query_encoder_precision": r.encoder.precision,
         "index": str(index), "chunks": manifest["counts"]["chunks"], "index_type": manifest["index"]["type"],
         "new_process": {"semsearch_median_s": round(statistics.median(ours), 3), "baseline_median_s": round(statistics.median(base), 3),
                         "speedup": round(statistics.median(base) / statistics.median(ours), 2), "runs": args.runs,

@@ -99,8 +99,8 @@ def main(verbose: bool) -> None:
 @click.option("--pooling", default=None, callback=_pooling_list, help="cls, mean or max. Default: the index's pooling, else mean.")
 @click.option("--head", "head", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None, help="A trained pooling head folder (from `semsearch train`); replaces --pooling.")
 @device_option
-@click.option("--precision", type=click.Choice(["auto", "fp32", "bf16", "fp16"]), default="auto", show_default=True,
-              help="Encoder arithmetic. auto: bf16 on CPUs with AMX/AVX-512-BF16, fp16 on GPUs, else fp32.")
+@click.option("--precision", type=click.Choice(["auto", "fp32", "bf16", "fp16", "int8"]), default="auto", show_default=True,
+              help="Encoder arithmetic. auto: bf16 on CPUs with AMX/AVX-512-BF16, fp16 on GPUs, else int8 (ONNX Runtime, the onnx extra) or fp32.")
 @click.option("--chunk-tokens", type=int, default=None, help="Tokens per chunk. Default: the model's max length - 2 (254).")
 @click.option("--overlap", type=int, default=None, help="Tokens shared by consecutive chunks. Default: 32.")
 @click.option("--text-column", default=None, help="Column (CSV/TSV/Parquet) or field (JSON/JSONL) holding the text; 'title,text' joins several. Default: found automatically.")
@@ -184,6 +184,10 @@ def query(query, index, k, model, pooling, device, as_json, as_jsonl, width, mod
     BM25 (>= 0); in hybrid mode the fused score (convex: in [0, 1]). --json gives both parts
     (dense_score, lexical_score). Higher is closer.
     """
+    import os
+
+    # Before numpy loads: a query's small matmuls run fastest on one BLAS thread (numpy_encoder.py).
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     from semsearch.errors import InputError
     from semsearch.search import Retriever
 
@@ -323,7 +327,8 @@ def _modes_of(folder, m) -> str:
 @click.option("--max-queries", type=int, default=None, help="Evaluate only the first N judged queries (with a corpus cut to --max-docs).")
 @click.option("--max-docs", type=int, default=None, help="With --max-queries: keep the judged documents plus others up to N.")
 @device_option
-@click.option("--precision", type=click.Choice(["auto", "fp32", "bf16", "fp16"]), default="auto", show_default=True, help="Encoder arithmetic (see `index --help`).")
+@click.option("--precision", type=click.Choice(["auto", "fp32", "bf16", "fp16", "int8"]), default="auto", show_default=True, help="Encoder arithmetic (see `index --help`).")
+@click.option("--max-length", type=click.IntRange(min=8), default=None, help="Truncate texts at this many tokens (default: the model's, 256 for all-MiniLM-L6-v2).")
 @click.option("--mode", "modes", default=None, callback=_mode_list,
               help="Comma-separated search modes to compare (one encoder pass): dense, lexical, hybrid. Default: dense.")
 @fusion_options
@@ -333,7 +338,7 @@ def _modes_of(folder, m) -> str:
 @click.option("--progress/--no-progress", default=None, help="Progress bar. Default: shown on a terminal.")
 @handle_errors
 def eval_(dataset, split, pooling, heads, model, ks, index, pairs, pair_columns, max_queries, max_docs, device, precision,
-          modes, fusion, alpha, as_json, per_query, out, progress):
+          max_length, modes, fusion, alpha, as_json, per_query, out, progress):
     """Measure retrieval quality on a BEIR-format DATASET folder, or pair similarity with --pairs.
 
     \b
@@ -369,7 +374,7 @@ def eval_(dataset, split, pooling, heads, model, ks, index, pairs, pair_columns,
         rep = ev.evaluate_index(data, Retriever.load(index, device=device), cutoffs)
         report = rep.to_dict()
     else:
-        enc = _eval_encoder(model, pooling, heads, device, precision)
+        enc = _eval_encoder(model, pooling, heads, device, precision, max_length)
         names = (pooling or ["mean"]) + (["head"] if heads else [])
         if dataset is not None:
             data = _subset(ev.load_beir(dataset, split), max_queries, max_docs)
@@ -412,13 +417,13 @@ def _subset(data, max_queries, max_docs):
     return data.subset(max_queries, max_docs) if (max_queries or max_docs) else data
 
 
-def _eval_encoder(model, pooling, heads, device, precision):
+def _eval_encoder(model, pooling, heads, device, precision, max_length=None):
     from semsearch.errors import InputError
     from semsearch.indexing import encoder_for_index
 
     if len(heads) > 1:
         raise InputError("evaluate one --head at a time (it is compared with the --pooling baselines)")
-    return encoder_for_index(None, model, None, heads[0] if heads else None, device, precision)
+    return encoder_for_index(None, model, None, heads[0] if heads else None, device, precision, max_length)
 
 
 @main.command()
@@ -452,7 +457,7 @@ def _eval_encoder(model, pooling, heads, device, precision):
               help="Where token states are cached, so a second run does not encode again.")
 @click.option("--force", is_flag=True, help="Save the best trained epoch's head even if it does not beat mean pooling on the dev set.")
 @device_option
-@click.option("--precision", type=click.Choice(["auto", "fp32", "bf16", "fp16"]), default="auto", show_default=True, help="Encoder arithmetic for the token states.")
+@click.option("--precision", type=click.Choice(["auto", "fp32", "bf16", "fp16", "int8"]), default="auto", show_default=True, help="Encoder arithmetic for the token states.")
 @click.option("--progress/--no-progress", default=None, help="Progress bar. Default: shown on a terminal.")
 @handle_errors
 def train(beir, split, dev_split, pairs, index, pseudo_queries, out, model, epochs, patience, batch_size, positives_per_query, lr, weight_decay, scale,

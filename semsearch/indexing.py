@@ -83,7 +83,7 @@ def load_base(folder: Path, rebuild: bool) -> Manifest | None:
 
 
 def encoder_for_index(base: Manifest | None, model: str | None = None, pooling: str | None = None,
-                      head: Path | None = None, device: str = "auto", precision: str = "auto"):
+                      head: Path | None = None, device: str = "auto", precision: str = "auto", max_length: int | None = None):
     """The encoder to (re)index with: what was asked for, else the index's own settings, else the
     defaults (bundled model, mean pooling). A head must have been trained on the same weights."""
     from semsearch.encoder.encoder import Encoder
@@ -97,7 +97,7 @@ def encoder_for_index(base: Manifest | None, model: str | None = None, pooling: 
         if base.pooling == "head":
             head_mod, info = load_head(base.head["path"]), base.head
     enc = Encoder(model or (base.model if base else None), pooling=pooling or "mean", device=device, precision=precision,
-                  max_length=base.max_length if base and not model else None, head=head_mod)
+                  max_length=base.max_length if base and not model else max_length, head=head_mod)
     enc.head_info = info
     if head is not None:
         read_head_config(head, enc.fingerprint)  # refuses a head trained on other weights

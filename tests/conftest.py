@@ -5,6 +5,7 @@ import hashlib
 import os
 import re
 import shutil
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +13,8 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# Exported int8 encoders go to a throwaway cache, not the user's (exported once per test session).
+os.environ.setdefault("SEMSEARCH_CACHE", tempfile.mkdtemp(prefix="semsearch-test-cache-"))
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE = REPO / "data" / "sample"

@@ -1,0 +1,154 @@
+"""The native encoder as an int8 ONNX Runtime model, for CPUs without bf16 units (AVX2, ARM).
+
+On such CPUs fp32 is already near the matmul peak, so speed has to come from cheaper arithmetic:
+ONNX Runtime multiplies u8 activations by s8 weights (dynamic, per-channel quantisation of every
+linear layer) and fuses bias + GELU and residual + LayerNorm. The model is exported once from the
+native torch encoder, optimised, quantised, and cached per weights fingerprint:
+
+    $SEMSEARCH_CACHE (default $XDG_CACHE_HOME/semsearch, else ~/.cache/semsearch)/onnx/<key>.onnx
+
+Nothing is downloaded. Needs the `onnx` extra: pip install 'semsearch[onnx]'.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from semsearch.errors import ModelError
+
+log = logging.getLogger(__name__)
+
+FORMAT = "int8-v1"  # bump when the export or the quantisation recipe changes
+# Inputs of at most this many tokens (a query or two) run on one thread: thread hand-offs cost more
+# than they save on so little work, and on a loaded machine a second thread may wait for a core.
+SMALL_TOKENS = 256
+
+
+def cache_dir() -> Path:
+    """Where exported models are kept: $SEMSEARCH_CACHE, else the user's cache folder."""
+    root = os.environ.get("SEMSEARCH_CACHE") or os.path.join(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache", "semsearch")
+    return Path(root) / "onnx"
+
+
+def _import_ort():
+    try:
+        import onnxruntime
+    except ImportError as e:
+        raise ModelError("precision 'int8' needs ONNX Runtime: pip install 'semsearch[onnx]'") from e
+    return onnxruntime
+
+
+def model_path(fingerprint: str) -> Path:
+    """The cached int8 model of the weights with this fingerprint (for this ONNX Runtime)."""
+    ort = _import_ort()
+    ver = ".".join(ort.__version__.split(".")[:2])
+    return cache_dir() / f"{fingerprint}-{FORMAT}-ort{ver}.onnx"
+
+
+def build(folder: Path, out: Path) -> Path:
+    """Export the native encoder of a model folder, fuse, quantise to int8, write to out (atomically)."""
+    import torch
+
+    _import_ort()
+    try:
+        import onnx
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+        from onnxruntime.transformers.optimizer import optimize_model
+    except ImportError as e:
+        raise ModelError("precision 'int8' needs onnx and ONNX Runtime: pip install 'semsearch[onnx]'") from e
+    from semsearch.encoder.transformer import BertEncoder
+
+    model = BertEncoder.from_folder(folder).float()
+    cfg = model.cfg
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+        raw, fused = Path(tmp) / "raw.onnx", Path(tmp) / "fused.onnx"
+        ids = torch.randint(1000, 2000, (2, 16))
+        with warnings.catch_warnings(), torch.inference_mode():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(_export_module(model), (ids, torch.ones_like(ids)), str(raw),
+                              input_names=["input_ids", "attention_mask"], output_names=["states"],
+                              dynamic_axes={n: {0: "B", 1: "T"} for n in ("input_ids", "attention_mask", "states")},
+                              opset_version=17, dynamo=False)
+        opt = optimize_model(str(raw), model_type="bert", num_heads=cfg.num_attention_heads,
+                             hidden_size=cfg.hidden_size, opt_level=0)
+        opt.save_model_to_file(str(fused))
+        # reduce_range: 7-bit weights, so that AVX2's u8 x s8 pairwise add (vpmaddubsw) cannot
+        # saturate its 16-bit sums; per-channel scales keep each output row's own range.
+        tmp_out = Path(tmp) / "int8.onnx"
+        logging.getLogger().disabled, was = True, logging.getLogger().disabled  # its advice goes to the root logger
+        try:
+            quantize_dynamic(str(fused), str(tmp_out), weight_type=QuantType.QInt8, per_channel=True, reduce_range=True,
+                             extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT, "MatMulConstBOnly": True})
+        finally:
+            logging.getLogger().disabled = was
+        os.replace(tmp_out, out)
+    return out
+
+
+def _export_module(model):
+    """The encoder's forward with the padding mask always applied (the torch module skips it when
+    there is no padding; an exported graph must serve both cases)."""
+    import torch
+
+    class Export(torch.nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, ids, mask):  # (B, T), (B, T) -> (B, T, D)
+            x = self.m.embeddings(ids)
+            bias = (1.0 - mask[:, None, None, :].to(x.dtype)) * torch.finfo(x.dtype).min  # (B, 1, 1, T)
+            for layer in self.m.layers:
+                x = layer(x, bias)
+            return x
+
+    return Export(model).eval()
+
+
+class OnnxStates:
+    """(ids, mask) -> token states (B, T, D) float32 from the cached int8 model."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self._sessions: dict[int, object] = {}
+        self.threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+    @classmethod
+    def load(cls, folder: Path, fingerprint: str) -> "OnnxStates":
+        """The int8 model for these weights, exported and cached on first use (~20 s)."""
+        path = model_path(fingerprint)
+        if not path.exists():
+            log.info("exporting the encoder to an int8 ONNX model at %s (once per model)", path)
+            build(folder, path)
+        states = cls(path)
+        states._session(1)  # load now: a broken cache file fails here, not mid-index
+        return states
+
+    def _session(self, threads: int):
+        s = self._sessions.get(threads)
+        if s is None:
+            ort = _import_ort()
+            so = ort.SessionOptions()
+            so.intra_op_num_threads = threads
+            so.inter_op_num_threads = 1
+            # Threads that spin while waiting for work steal the core a busy neighbour needs;
+            # on a shared machine that made 2-thread queries 5x slower than 1-thread ones.
+            so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+            try:
+                s = ort.InferenceSession(str(self.path), so, providers=["CPUExecutionProvider"])
+            except Exception as e:  # noqa: BLE001 - ORT raises its own types; any of them means a bad file
+                raise ModelError(f"{self.path}: cannot load the cached int8 model ({e}); delete it to export it again") from e
+            self._sessions[threads] = s
+        return s
+
+    def __call__(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        B, T = ids.shape
+        threads = 1 if B * T <= SMALL_TOKENS else self.threads
+        return self._session(threads).run(None, {"input_ids": ids.astype(np.int64, copy=False),
+                                                 "attention_mask": mask.astype(np.int64, copy=False)})[0]

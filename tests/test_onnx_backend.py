@@ -1,0 +1,114 @@
+"""The int8 ONNX Runtime encoder (auto on CPUs without bf16 units) against the fp32 encoder."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from conftest import SCIFACT
+from semsearch.encoder import hardware
+from semsearch.errors import InputError, ModelError
+
+pytest.importorskip("onnxruntime")
+
+# The int8 encoder's stated tolerance against fp32: every vector within cosine 0.98, on average
+# within 0.99 (measured on SciFact: min 0.985, SciFact nDCG@10 within 0.3 of fp32, README).
+MIN_COS, MEAN_COS = 0.98, 0.99
+
+
+def _texts() -> list[str]:
+    if SCIFACT.exists():
+        docs = [json.loads(line) for _, line in zip(range(24), open(SCIFACT / "corpus.jsonl"))]
+        queries = [json.loads(line)["text"] for _, line in zip(range(24), open(SCIFACT / "queries.jsonl"))]
+        return [f"{d['title']} {d['text']}" for d in docs] + queries
+    return ["loan approval", "What causes antibiotic resistance in bacteria?",
+            "Mortgage rates rose for the third month as lenders priced in inflation. " * 12] * 4
+
+
+@pytest.fixture(scope="module")
+def avx2_auto_encoder():
+    """Encoder(precision='auto') as an AVX2-only machine gets it (simulated where the CPU has more)."""
+    from semsearch.encoder import Encoder
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SEMSEARCH_CPU_ISA", "avx2")
+        return Encoder(device="cpu")
+
+
+def test_cpu_isa_override(monkeypatch):
+    monkeypatch.setenv("SEMSEARCH_CPU_ISA", "avx2")
+    flags = hardware.cpu_flags()
+    assert not any(f.startswith(("avx512", "amx")) for f in flags)
+    assert not hardware.cpu_has_fast_bf16()
+    assert hardware.resolve_precision("auto", "cpu") == "int8"
+    assert hardware.resolve_precision("auto", "cuda") == "fp16"
+    monkeypatch.setenv("SEMSEARCH_CPU_ISA", "native")
+    assert hardware.cpu_flags() == hardware._proc_cpu_flags()
+    monkeypatch.setenv("SEMSEARCH_CPU_ISA", "sse2")
+    with pytest.raises(InputError, match="SEMSEARCH_CPU_ISA='sse2'.*avx2"):
+        hardware.cpu_flags()
+
+
+def test_int8_is_for_cpus():
+    with pytest.raises(InputError, match="'int8' is for CPUs"):
+        hardware.resolve_precision("int8", "cuda")
+
+
+def test_auto_on_avx2_is_int8_and_matches_fp32(avx2_auto_encoder, real_encoder):
+    enc = avx2_auto_encoder
+    assert enc.precision == "int8" and enc.onnx is not None
+    texts = _texts()
+    for pooling in ("mean", "cls", "max"):
+        got = enc.encode_many(texts, [pooling])[pooling]
+        want = real_encoder.encode_many(texts, [pooling])[pooling]
+        cos = (got * want).sum(1)
+        assert cos.min() >= MIN_COS and cos.mean() >= MEAN_COS, (pooling, cos.min(), cos.mean())
+        assert np.allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
+    # Activations are quantised with one scale per batch, so a text's vector moves a little with
+    # its batch mates (measured: cosine 0.994 alone vs in a batch of 48), within the tolerance.
+    alone = enc.encode([texts[-1]])
+    assert float(alone[0] @ enc.encode(texts)[-1]) >= MIN_COS
+
+
+def test_int8_model_cached_by_fingerprint(avx2_auto_encoder):
+    from semsearch.encoder import Encoder
+
+    path = avx2_auto_encoder.onnx.path
+    assert path.exists() and avx2_auto_encoder.fingerprint in path.name
+    before = path.stat().st_mtime_ns
+    again = Encoder(device="cpu", precision="int8")
+    assert again.onnx.path == path and path.stat().st_mtime_ns == before  # loaded, not exported again
+
+
+def test_broken_cached_model_is_named(tmp_path, monkeypatch, real_encoder):
+    from semsearch.encoder.onnx_backend import OnnxStates, model_path
+
+    monkeypatch.setenv("SEMSEARCH_CACHE", str(tmp_path))
+    bad = model_path("0123456789abcdef")
+    bad.parent.mkdir(parents=True)
+    bad.write_bytes(b"not an onnx model")
+    with pytest.raises(ModelError, match="0123456789abcdef.*delete it"):
+        OnnxStates.load(real_encoder.folder, "0123456789abcdef")
+
+
+def test_numpy_query_encoder_uses_one_blas_thread():
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    from semsearch.encoder.numpy_encoder import one_blas_thread
+
+    with one_blas_thread():
+        blas = threadpoolctl.ThreadpoolController().select(user_api="blas").info()
+        assert all(b["num_threads"] == 1 for b in blas)
+
+
+@pytest.mark.skipif(not SCIFACT.exists(), reason="SciFact not found beside the repo")
+def test_eval_max_length_and_int8_through_cli(monkeypatch):
+    from semsearch.cli import main
+
+    monkeypatch.setenv("SEMSEARCH_CPU_ISA", "avx2")
+    r = CliRunner().invoke(main, ["eval", str(SCIFACT), "--max-queries", "20", "--max-docs", "120", "--max-length", "128", "--json"])
+    assert r.exit_code == 0, r.output
+    rep = json.loads(r.output)
+    assert rep["settings"]["max_length"] == 128 and rep["settings"]["precision"] == "int8"
+    assert rep["results"][0]["ndcg@10"] > 40
