@@ -1,4 +1,4 @@
-"""The int8 ONNX Runtime encoder (auto on CPUs without bf16 units) against the fp32 encoder."""
+"""The int8 ONNX Runtime encoder (`--precision int8`, opt-in) against the fp32 encoder."""
 from __future__ import annotations
 
 import json
@@ -29,12 +29,12 @@ def _texts() -> list[str]:
 
 @pytest.fixture(scope="module")
 def avx2_auto_encoder():
-    """Encoder(precision='auto') as an AVX2-only machine gets it (simulated where the CPU has more)."""
+    """Encoder(precision='int8') on an AVX2-only machine (simulated where the CPU has more)."""
     from semsearch.encoder import Encoder
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SEMSEARCH_CPU_ISA", "avx2")
-        return Encoder(device="cpu")
+        return Encoder(device="cpu", precision="int8")
 
 
 def test_cpu_isa_override(monkeypatch):
@@ -42,7 +42,7 @@ def test_cpu_isa_override(monkeypatch):
     flags = hardware.cpu_flags()
     assert not any(f.startswith(("avx512", "amx")) for f in flags)
     assert not hardware.cpu_has_fast_bf16()
-    assert hardware.resolve_precision("auto", "cpu") == "int8"
+    assert hardware.resolve_precision("auto", "cpu") == "fp32"  # int8 is asked for, never picked
     assert hardware.resolve_precision("auto", "cuda") == "fp16"
     monkeypatch.setenv("SEMSEARCH_CPU_ISA", "native")
     assert hardware.cpu_flags() == hardware._proc_cpu_flags()
@@ -56,7 +56,7 @@ def test_int8_is_for_cpus():
         hardware.resolve_precision("int8", "cuda")
 
 
-def test_auto_on_avx2_is_int8_and_matches_fp32(avx2_auto_encoder, real_encoder):
+def test_int8_on_avx2_matches_fp32(avx2_auto_encoder, real_encoder):
     enc = avx2_auto_encoder
     assert enc.precision == "int8" and enc.onnx is not None
     texts = _texts()
@@ -107,7 +107,8 @@ def test_eval_max_length_and_int8_through_cli(monkeypatch):
     from semsearch.cli import main
 
     monkeypatch.setenv("SEMSEARCH_CPU_ISA", "avx2")
-    r = CliRunner().invoke(main, ["eval", str(SCIFACT), "--max-queries", "20", "--max-docs", "120", "--max-length", "128", "--json"])
+    r = CliRunner().invoke(main, ["eval", str(SCIFACT), "--max-queries", "20", "--max-docs", "120", "--max-length", "128",
+                                  "--precision", "int8", "--json"])
     assert r.exit_code == 0, r.output
     rep = json.loads(r.output)
     assert rep["settings"]["max_length"] == 128 and rep["settings"]["precision"] == "int8"
