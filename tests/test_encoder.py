@@ -159,3 +159,24 @@ def test_non_bert_folder_uses_sentence_transformers(tmp_path):
     ref = Encoder(precision="fp32", device="cpu").encode(TEXTS[:3])
     assert np.abs(enc.encode(TEXTS[:3]) - ref).max() < 1e-5
     assert enc.token_offsets("loan approval")[0] == (0, 4)
+
+
+def test_small_cpu_inputs_run_on_one_torch_thread(real_encoder, monkeypatch):
+    """A query's forward uses one torch thread (fast beside busy processes); batches keep all."""
+    import torch
+
+    seen = []
+    orig = real_encoder.iter_states
+
+    def spy(texts, progress=None):
+        for b in orig(texts, progress):
+            seen.append(torch.get_num_threads())
+            yield b
+
+    monkeypatch.setattr(real_encoder, "iter_states", spy)
+    before = torch.get_num_threads()
+    real_encoder.encode(["loan approval"])
+    assert seen == [1] and torch.get_num_threads() == before
+    seen.clear()
+    real_encoder.encode(["a longer passage about mortgage rates and loan approval. " * 10] * 8)
+    assert seen and set(seen) == {before} and torch.get_num_threads() == before

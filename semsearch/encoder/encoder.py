@@ -1,6 +1,7 @@
 """Encoder: text -> L2-normalised float32 vectors (n, D), with cls / mean / max / head pooling."""
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -213,10 +214,11 @@ class Encoder:
             if p != "head":
                 check_pooling(p)
         out = {p: np.zeros((len(texts), self.head.out_dim if p == "head" else self.dim), np.float32) for p in poolings}
-        for b in self.iter_states(texts, progress):
-            for p in poolings:
-                v = torch.nn.functional.normalize(self.pool(p, b.states, b.mask), dim=-1)
-                out[p][b.index] = v.float().cpu().numpy()
+        with _few_threads(self, texts):
+            for b in self.iter_states(texts, progress):
+                for p in poolings:
+                    v = torch.nn.functional.normalize(self.pool(p, b.states, b.mask), dim=-1)
+                    out[p][b.index] = v.float().cpu().numpy()
         return out
 
     def encode_with_states(self, texts: Sequence[str], progress: bool | None = None) -> tuple[np.ndarray, list[np.ndarray]]:
@@ -246,6 +248,26 @@ class Encoder:
     @property
     def out_dim(self) -> int:
         return self.head.out_dim if self.pooling == "head" else self.dim
+
+
+SMALL_CHARS = 2048  # about 512 tokens: a handful of queries, not a batch of documents
+
+
+@contextlib.contextmanager
+def _few_threads(enc, texts):
+    """Run a small CPU forward on one torch thread. A query's matmuls are too small to gain from a
+    second thread, and where other processes load the CPU, torch's OpenMP team waits on the busy
+    core: measured on 2 cores with two busy processes beside it, Retriever.search p50 137 ms with
+    2 threads against 46 ms with 1 (scripts/bench_threads.py). Large batches keep every thread."""
+    if enc.device != "cpu" or enc.onnx is not None or sum(map(len, texts)) > SMALL_CHARS:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _is_bert_folder(folder: Path) -> bool:
