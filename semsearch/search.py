@@ -173,8 +173,7 @@ class Retriever:
         qv = self.encoder.encode(list(queries), progress=False)
         if mode == "dense":
             scores, ids = self._dense(qv, k, allowed)
-            found = [[(int(i), float(s), float(s), None) for s, i in zip(sr, ir) if i >= 0] for sr, ir in zip(scores, ids)]
-            return self._hits(found, mode)
+            return self._hits(_dense_found(scores, ids), mode)
         return self._hits(self._hybrid(queries, qv, k, allowed, fusion, fusion_.ALPHA if alpha is None else alpha), mode)
 
     def search_vectors(self, qv: np.ndarray, k: int = 10, where: Any = None) -> list[list[Hit]]:
@@ -184,7 +183,7 @@ class Retriever:
         if allowed is not None and not len(allowed):
             return [[] for _ in range(len(qv))]
         scores, ids = self._dense(qv, k, allowed)
-        return self._hits([[(int(i), float(s), float(s), None) for s, i in zip(sr, ir) if i >= 0] for sr, ir in zip(scores, ids)], "dense")
+        return self._hits(_dense_found(scores, ids), "dense")
 
     # ---- the two sides and their fusion ------------------------------------------------------
     def _lexical(self, required: bool = True):
@@ -276,6 +275,11 @@ class Retriever:
 
     def close(self) -> None:
         self.docs.close()
+
+
+def _dense_found(scores: np.ndarray, ids: np.ndarray) -> list[list[tuple]]:
+    """[(id, cosine, cosine, None)] per query from a vector search, FAISS's -1 padding dropped."""
+    return [[(int(i), float(s), float(s), None) for s, i in zip(sr, ir) if i >= 0] for sr, ir in zip(scores, ids)]
 
 
 def _pad(a: np.ndarray, k: int, fill) -> np.ndarray:
