@@ -432,19 +432,23 @@ def _eval_encoder(model, pooling, heads, device, precision, max_length=None):
 @click.option("--dev-split", default=None, help="With --beir: a qrels split (e.g. dev) to use as the dev set instead of holding out training queries.")
 @click.option("--pairs", type=click.Path(path_type=Path), default=None, help="Or a CSV/TSV of query, positive[, negative] columns.")
 @click.option("--index", "index", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="An index built with --keep-states over the training corpus: passages' token states come from it (no second encoding).")
-@click.option("--pseudo-queries/--no-pseudo-queries", default=False, show_default=True,
-              help="With --index: also train on unlabelled pairs from the corpus (each document's first sentence or title as a query for it). Alone (no --beir/--pairs): only on those.")
+              help="An index over the training corpus: the passages' vectors (or, with --train-layers 0, token states kept with --keep-states) come from it, not from a second encoding.")
+@click.option("--train-layers", type=click.IntRange(min=0), default=2, show_default=True,
+              help="Fine-tune the top N layers of the query encoder against the documents' fixed vectors (an index keeps its vectors; `index --head` only records the head). "
+                   "0: train an attention-pooling head for both sides instead (re-pools the documents).")
+@click.option("--pseudo-queries/--no-pseudo-queries", default=None,
+              help="Also train on unlabelled pairs from the corpus: each document's title (else first sentence) as a query for it. "
+                   "Default: on with --train-layers N, off with 0 (where it needs --index). With --index and no --beir/--pairs: only on those.")
 @click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path), help="Folder to write the head to.")
 @click.option("--model", default=None, help="Base model (frozen). Default: the bundled all-MiniLM-L6-v2.")
-@click.option("--epochs", type=click.IntRange(min=1), default=10, show_default=True, help="At most this many epochs (see --patience).")
-@click.option("--patience", type=click.IntRange(min=1), default=2, show_default=True, help="Stop after this many epochs without a better dev figure.")
+@click.option("--epochs", type=click.IntRange(min=1), default=None, help="At most this many epochs (see --patience). Default: 3 for query layers, 10 for a pooling head.")
+@click.option("--patience", type=click.IntRange(min=1), default=None, help="Stop after this many dev checks without a better figure (query layers check twice an epoch). Default: 3 / 2.")
 @click.option("--batch-size", type=click.IntRange(min=2), default=64, show_default=True, help="Pairs per batch; the other pairs' passages are the in-batch negatives.")
 @click.option("--positives-per-query", type=click.IntRange(min=1), default=2, show_default=True, help="Positives sampled per query per epoch (bounds an epoch's cost).")
-@click.option("--lr", type=float, default=2e-3, show_default=True, help="AdamW learning rate of the head.")
+@click.option("--lr", type=float, default=None, help="AdamW learning rate. Default: 2e-5 for query layers, 2e-3 for a pooling head.")
 @click.option("--weight-decay", type=click.FloatRange(min=0.0), default=0.0, show_default=True, help="Decay toward the starting point (mean pooling), per unit of learning rate.")
 @click.option("--scale", type=float, default=20.0, show_default=True, help="Similarity scale (1 / temperature) of the InfoNCE loss.")
-@click.option("--hard-negatives", type=click.IntRange(min=0), default=1, show_default=True, help="Mined hard negatives per pair (0: in-batch only).")
+@click.option("--hard-negatives", type=click.IntRange(min=0), default=1, show_default=True, help="Pooling head: mined hard negatives per pair (0: in-batch only). Query layers see every document as a negative.")
 @click.option("--neg-skip", type=click.IntRange(min=0), default=3, show_default=True, help="Skip this many top-ranked non-relevant passages when mining (likely unlabelled positives).")
 @click.option("--neg-depth", type=click.IntRange(min=2), default=50, show_default=True, help="Mine hard negatives from the top N of the base ranking.")
 @click.option("--symmetric", is_flag=True, help="Also train passage -> query.")
@@ -460,20 +464,25 @@ def _eval_encoder(model, pooling, heads, device, precision, max_length=None):
 @click.option("--precision", type=click.Choice(["auto", "fp32", "bf16", "fp16", "int8"]), default="auto", show_default=True, help="Encoder arithmetic for the token states.")
 @click.option("--progress/--no-progress", default=None, help="Progress bar. Default: shown on a terminal.")
 @handle_errors
-def train(beir, split, dev_split, pairs, index, pseudo_queries, out, model, epochs, patience, batch_size, positives_per_query, lr, weight_decay, scale,
-          hard_negatives, neg_skip, neg_depth, symmetric, projection, dev_fraction, seed, cache, force, device, precision, progress):
-    """Train a pooling head contrastively on (query, relevant passage) pairs.
+def train(beir, split, dev_split, pairs, index, train_layers, pseudo_queries, out, model, epochs, patience, batch_size, positives_per_query, lr,
+          weight_decay, scale, hard_negatives, neg_skip, neg_depth, symmetric, projection, dev_fraction, seed, cache, force, device, precision, progress):
+    """Fine-tune contrastively on (query, relevant passage) pairs.
 
-    The encoder stays frozen: its token states are computed once (taken from an index built with
-    --keep-states when --index is given, else cached), then each epoch trains only the
-    attention-pooling head, with in-batch and mined hard negatives (a query's other labelled
-    positives are never its negatives). Queries on held-out documents are the dev set: the best
-    epoch on them is kept, and a head that does not beat mean pooling there is not saved (unless --force).
+    By default (--train-layers 2) the top two layers of the *query* encoder are trained so that
+    each query ranks its relevant passages first among every passage of the corpus, whose vectors
+    stay the base model's: an index built before training stays valid, and `semsearch index
+    --head` only records the head. Each document's title (else first sentence) is added as an
+    unlabelled query for it (--no-pseudo-queries: labels only). With --train-layers 0, an
+    attention-pooling head is trained for both sides on cached token states instead.
+
+    Queries on held-out *documents* are the dev set: the best check on them is kept, and a result
+    that does not beat the base model there is not saved (unless --force).
 
     \b
-    semsearch index corpus/ --index indexes/x --keep-states --text-column title,text
+    semsearch index corpus/ --index indexes/x --text-column title,text
     semsearch train --beir ../shared/data/beir/scifact --index indexes/x --out heads/scifact
     semsearch eval ../shared/data/beir/scifact --head heads/scifact
+    semsearch index corpus/ --index indexes/x --head heads/scifact     # re-encodes nothing
     """
     import numpy as np
 
@@ -483,6 +492,12 @@ def train(beir, split, dev_split, pairs, index, pseudo_queries, out, model, epoc
     from semsearch.train.head import save_head
     from semsearch.train.trainer import TrainConfig, config_dict, train_head
 
+    if train_layers > 0:
+        return _train_query_layers(beir, split, dev_split, pairs, index, train_layers, pseudo_queries, out, model, epochs, patience,
+                                   batch_size, positives_per_query, lr, weight_decay, scale, dev_fraction, seed, cache, force, device,
+                                   precision, progress)
+    pseudo_queries = bool(pseudo_queries)
+    epochs, patience, lr = epochs or 10, patience or 2, lr if lr is not None else 2e-3
     if beir is not None and pairs is not None:
         raise InputError("give one of --beir DATASET or --pairs FILE, not both")
     unlabelled_only = beir is None and pairs is None
@@ -537,6 +552,91 @@ def train(beir, split, dev_split, pairs, index, pseudo_queries, out, model, epoc
     }, positive_ids=td.trained_positive_ids(data, res.split.train))
     click.echo(verdict)
     click.echo(f"saved head to {out} (fingerprint {info['fingerprint']})")
+
+
+def _train_query_layers(beir, split, dev_split, pairs, index, layers, pseudo_queries, out, model, epochs, patience, batch_size,
+                        positives_per_query, lr, weight_decay, scale, dev_fraction, seed, cache, force, device, precision, progress):
+    """`semsearch train --train-layers N`: see train/query_tower.py."""
+    import numpy as np
+
+    from semsearch.encoder.encoder import Encoder
+    from semsearch.errors import InputError
+    from semsearch.train import data as td
+    from semsearch.train import query_tower as qt
+    from semsearch.train.trainer import TrainConfig, make_split
+
+    pseudo_queries = True if pseudo_queries is None else pseudo_queries
+    if beir is not None and pairs is not None:
+        raise InputError("give one of --beir DATASET or --pairs FILE, not both")
+    if dev_split is not None and beir is None:
+        raise InputError("--dev-split needs --beir")
+    unlabelled_only = beir is None and pairs is None
+    if unlabelled_only and (index is None or not pseudo_queries):
+        raise InputError("give --beir DATASET or --pairs FILE, or --index DIR (with pseudo-queries) to train on the corpus alone")
+    cfg = qt.TowerConfig(layers=layers, epochs=epochs or 3, patience=patience or 3, batch_size=batch_size,
+                         lr=lr if lr is not None else 2e-5, weight_decay=weight_decay if weight_decay else 0.01, scale=scale,
+                         positives_per_query=positives_per_query, pseudo_queries=pseudo_queries, seed=seed)
+    enc = Encoder(model, device=device, precision=precision)
+    if enc.backend != "native":
+        raise InputError("--train-layers needs a BERT-family model on the native encoder; use --train-layers 0 for this model")
+    if unlabelled_only:
+        data = _index_passages(index, enc)
+    else:
+        data = td.from_beir(beir, split, dev_split) if beir is not None else td.from_pairs_file(pairs)
+    click.echo(f"training on {data.source}: {len(data.queries)} queries, {data.n_pairs} pairs, {len(data.passages)} passages", err=True)
+    if index is not None:
+        pvec, found = qt.index_vectors(index, data, enc)
+        click.echo(f"vectors of {found} of {len(data.passages)} passages from {index}", err=True)
+    else:
+        pvec = qt.passage_vectors(enc, data, cache, progress)
+    n_pseudo = 0
+    if pseudo_queries:
+        data, n_pseudo = qt.add_corpus_queries(data, data.titles)
+        if unlabelled_only:  # no labels: the pseudo-queries are the dev set too (a proxy task)
+            data.unlabelled = set()
+        click.echo(f"+ {n_pseudo} pseudo-queries from the corpus ({'titles' if data.titles else 'first sentences'})", err=True)
+    split_cfg = TrainConfig(dev_fraction=dev_fraction, seed=seed)
+    sp = make_split(data, split_cfg, np.random.default_rng(seed))
+    if not sp.train:
+        raise InputError("too few training queries after holding out the dev set")
+    if sp.note:
+        click.echo(f"note: {sp.note}", err=True)
+    res = qt.train_query_tower(data, enc, pvec, cfg, sp, progress, pseudo=n_pseudo)
+    for row in res.history:
+        click.echo("  " + ", ".join(f"{k} {v}" for k, v in row.items()), err=True)
+    verdict = res.verdict()
+    if res.gate == "none" and not force:
+        raise click.ClickException(f"no dev set (--dev-fraction 0), so nothing checked the query layers and they were not saved ({verdict}). Use --force to save them anyway.")
+    if not res.improved and not force:
+        raise click.ClickException(f"the trained query layers did not beat the base model on the {'unseen-document ' if res.gate == 'unseen' else ''}dev set, "
+                                   f"so they were not saved ({verdict}). Use --force to save them anyway.")
+    info = qt.save_tower(res.tower, out, {
+        "base_model": enc.name, "base_model_fingerprint": enc.fingerprint, "max_length": enc.max_length, "doc_pooling": enc.pooling,
+        "training_data": data.source, "training_data_checksum": data.checksum, "hyperparameters": qt.config_dict(cfg),
+        "metrics": res.metrics(), "improved_on_dev": res.improved,
+    }, positive_ids=td.trained_positive_ids(data, res.split.train))
+    click.echo(verdict)
+    click.echo(f"saved query layers to {out} (fingerprint {info['fingerprint']}); documents keep their vectors: "
+               f"`semsearch index CORPUS --head {out}` records it on an index without re-encoding")
+
+
+def _index_passages(folder: Path, enc):
+    """PairData of an index's documents (their first chunks) and no labelled query."""
+    import json as _json
+
+    from semsearch.store.docstore import DocStore
+    from semsearch.store.manifest import Manifest
+    from semsearch.train import data as td
+
+    m = Manifest.load(folder)
+    docs = DocStore(folder / m.files["docs"], readonly=True)
+    try:
+        rows = docs.db.execute("SELECT text, metadata FROM chunks WHERE ord = 0 ORDER BY id").fetchall()
+    finally:
+        docs.close()
+    texts = [r[0] for r in rows]
+    ids = [str((_json.loads(r[1]) if r[1] else {}).get("_id", i)) for i, r in enumerate(rows)]
+    return td.PairData([], texts, {}, passage_ids=ids, checksum=td.texts_checksum(texts), source=f"{folder} (unlabelled)")
 
 
 @main.command()

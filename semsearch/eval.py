@@ -32,6 +32,7 @@ class BeirData:
     unjudged_queries: int = 0
     zero_queries: int = 0  # queries whose relevant documents are all missing: they count as 0, as MTEB averages them
     checksum: str = ""
+    doc_titles: list[str] | None = None  # each document's title ("" where it has none)
 
     def subset(self, n_queries: int | None = None, max_docs: int | None = None) -> "BeirData":
         """A smaller copy: the first n judged queries, and a corpus cut to max_docs that keeps every
@@ -44,7 +45,8 @@ class BeirData:
         qt = dict(zip(self.query_ids, self.query_texts))
         return BeirData(self.folder, self.split, [d for d, _ in docs], [t for _, t in docs], qids,
                         [qt[q] for q in qids], {q: self.qrels[q] for q in qids}, checksum=self.checksum + f"/sub{n_queries}-{max_docs}",
-                        zero_queries=0 if n_queries else self.zero_queries)
+                        zero_queries=0 if n_queries else self.zero_queries,
+                        doc_titles=None if self.doc_titles is None else [dict(zip(self.doc_ids, self.doc_titles))[d] for d, _ in docs])
 
 
 def _jsonl(path: Path):
@@ -93,11 +95,12 @@ def load_beir(folder: str | Path, split: str = "test") -> BeirData:
     if not folder.is_dir():
         raise InputError(f"dataset folder {str(folder)!r} does not exist")
     qrels = read_qrels(folder / "qrels" / f"{split}.tsv")
-    ids, texts = [], []
+    ids, texts, titles = [], [], []
     for rec in _jsonl(folder / "corpus.jsonl"):
         ids.append(str(rec["_id"]))
         title, text = str(rec.get("title") or "").strip(), str(rec.get("text") or "").strip()
         texts.append(f"{title} {text}".strip())
+        titles.append(title)
     known = set(ids)
     queries = {str(r["_id"]): str(r.get("text", "")) for r in _jsonl(folder / "queries.jsonl")}
     missing = zero = 0
@@ -119,7 +122,8 @@ def load_beir(folder: str | Path, split: str = "test") -> BeirData:
     if zero:
         log.warning("%s: %d quer%s judged only on documents missing from the corpus; counted as 0", folder, zero, "y is" if zero == 1 else "ies are")
     return BeirData(folder, split, ids, texts, qids, [queries[q] for q in qids], qrels, missing_docs=missing,
-                    unjudged_queries=len(queries) - len(qids) - zero, zero_queries=zero, checksum=_checksum(folder, split))
+                    unjudged_queries=len(queries) - len(qids) - zero, zero_queries=zero, checksum=_checksum(folder, split),
+                    doc_titles=titles)
 
 
 def _checksum(folder: Path, split: str) -> str:
@@ -194,6 +198,13 @@ class EvalReport:
         return d
 
 
+def _encode_many_queries(encoder, texts, poolings) -> dict[str, np.ndarray]:
+    """encode_many for queries: 'head' goes through trained query layers where the encoder has them."""
+    if getattr(encoder, "query_tower", None) is not None:
+        return encoder.encode_many(texts, poolings, progress=False, queries=True)
+    return encoder.encode_many(texts, poolings, progress=False)
+
+
 def evaluate_beir(data: BeirData, encoder, poolings: Sequence[str], ks: Sequence[int] = DEFAULT_KS, progress: bool | None = None,
                   modes: Sequence[str] = ("dense",), fusion: str = "convex", alpha: float | None = None,
                   per_query: bool = False, subsets: dict[str, Sequence[str]] | None = None) -> EvalReport:
@@ -211,7 +222,7 @@ def evaluate_beir(data: BeirData, encoder, poolings: Sequence[str], ks: Sequence
     dense_modes = [m for m in modes if m != "lexical"]
     docs = encoder.encode_many(data.doc_texts, poolings, progress=progress) if dense_modes else {}
     t1 = time.perf_counter()
-    queries = encoder.encode_many(data.query_texts, poolings, progress=False) if dense_modes else {}
+    queries = _encode_many_queries(encoder, data.query_texts, poolings) if dense_modes else {}
     t2 = time.perf_counter()
     lex = None
     if "lexical" in modes or "hybrid" in modes:
@@ -308,7 +319,9 @@ def evaluate_index(data: BeirData, retriever, ks: Sequence[int] = DEFAULT_KS, id
     Chunks map to BEIR documents through the metadata field `id_field`; a document scores its best chunk.
     """
     t0 = time.perf_counter()
-    qv = retriever.encoder.encode(data.query_texts, progress=False)
+    from semsearch.search import encode_queries
+
+    qv = encode_queries(retriever.encoder, data.query_texts)
     depth = max(max(ks), 100)
     per_chunk = max(depth * 3, 300)
     approx_s, approx_i = retriever.vectors.search(qv, per_chunk)

@@ -87,14 +87,15 @@ def encoder_for_index(base: Manifest | None, model: str | None = None, pooling: 
     """The encoder to (re)index with: what was asked for, else the index's own settings, else the
     defaults (bundled model, mean pooling). A head must have been trained on the same weights."""
     from semsearch.encoder.encoder import Encoder
-    from semsearch.train.head import head_info, load_head, read_head_config
+    from semsearch.train.head import head_info, head_pooling, is_query_head, load_head, read_head_config
 
     head_mod = info = None
     if head is not None:
-        head_mod, info, pooling = load_head(head), head_info(head), "head"
+        # A pooling head replaces the pooling; trained query layers keep the documents' pooling.
+        head_mod, info, pooling = load_head(head), head_info(head), head_pooling(head)
     elif pooling is None and base is not None:
         pooling = base.pooling
-        if base.pooling == "head":
+        if base.head and (base.pooling == "head" or is_query_head(base.head)):
             head_mod, info = load_head(base.head["path"]), base.head
     enc = Encoder(model or (base.model if base else None), pooling=pooling or "mean", device=device, precision=precision,
                   max_length=base.max_length if base and not model else max_length, head=head_mod)
@@ -110,6 +111,13 @@ def resolve_chunking(base: Manifest | None, encoder, window: int | None, overlap
     return ChunkSettings(window if window is not None else d.window, overlap if overlap is not None else d.overlap)
 
 
+def _pooling_head(info: dict | None) -> str | None:
+    """The fingerprint of a pooling head (None for none, or for trained query layers)."""
+    from semsearch.train.head import is_query_head
+
+    return None if not info or is_query_head(info) else info.get("fingerprint")
+
+
 def check_settings(base: Manifest, encoder, chunking: ChunkSettings, folder: Path) -> bool:
     """Refuse to mix vectors of another model or chunking into an index. A new pooling or head
     is allowed where the index kept its token states: gives back True when a re-pool is needed."""
@@ -123,7 +131,8 @@ def check_settings(base: Manifest, encoder, chunking: ChunkSettings, folder: Pat
     pooling_diff = []
     if encoder.pooling != base.pooling:
         pooling_diff.append(f"pooling {encoder.pooling!r} vs the index's {base.pooling!r}")
-    elif (base.head or {}).get("fingerprint") != (getattr(encoder, "head_info", None) or {}).get("fingerprint"):
+    elif _pooling_head(base.head) != _pooling_head(getattr(encoder, "head_info", None)):
+        # (Trained query layers change no document vector: a new one is only recorded.)
         pooling_diff.append("a different pooling head")
     if pooling_diff and not base.states:
         diffs += pooling_diff

@@ -170,7 +170,7 @@ class Retriever:
             found = [[(i, s, None, s) for i, s in lex.search(q, k, mask)] for q in queries]
             return self._hits(found, mode)
         warn_truncated(self.encoder, queries)
-        qv = self.encoder.encode(list(queries), progress=False)
+        qv = encode_queries(self.encoder, list(queries))
         if mode == "dense":
             scores, ids = self._dense(qv, k, allowed)
             return self._hits(_dense_found(scores, ids), mode)
@@ -289,6 +289,12 @@ def _pad(a: np.ndarray, k: int, fill) -> np.ndarray:
     return np.concatenate([a, np.full((a.shape[0], k - a.shape[1]), fill, a.dtype)], 1)
 
 
+def encode_queries(encoder, queries: list[str]) -> np.ndarray:
+    """Query vectors: through the encoder's trained query layers where it has them."""
+    fn = getattr(encoder, "encode_queries", None) or encoder.encode
+    return fn(queries, progress=False)
+
+
 def _query_encoder(folder: Path, m, model: str | None, device: str, fast_start: bool):
     """The encoder for queries on index m: torch-free where the model runs natively on the CPU."""
     from semsearch.encoder.models import fingerprint_folder, resolve_model, weight_stats
@@ -301,8 +307,10 @@ def _query_encoder(folder: Path, m, model: str | None, device: str, fast_start: 
         if head_info(m.head["path"])["fingerprint"] != m.head["fingerprint"]:
             raise SettingsMismatch(f"the pooling head at {m.head['path']} changed since {folder} was built; "
                                    "re-pool the index with `semsearch index CORPUS --head DIR`")
+    from semsearch.train.head import is_query_head
+
     _, where = resolve_model(m.model)
-    if fast_start and m.backend == "native" and isinstance(where, Path) and device != "cuda":
+    if fast_start and m.backend == "native" and isinstance(where, Path) and device != "cuda" and not is_query_head(m.head):
         from semsearch.encoder.numpy_encoder import NumpyEncoder
 
         # Trust the recorded fingerprint while the weight files keep their size and time (as git does).

@@ -1,4 +1,4 @@
-"""The pooling head: init equals mean pooling, loss, training end to end, gate, save/load, re-pool."""
+"""The pooling head (`train --train-layers 0`): init equals mean pooling, loss, training end to end, gate, save/load, re-pool."""
 from __future__ import annotations
 
 import csv
@@ -133,7 +133,7 @@ def test_tiny_training_run_through_cli(tmp_path):
             for doc in d.qrels[q]:
                 w.writerow([text, doc_text[doc]])
     out = tmp_path / "head"
-    r = CliRunner().invoke(main, ["train", "--pairs", str(pairs), "--out", str(out), "--epochs", "3", "--batch-size", "16",
+    r = CliRunner().invoke(main, ["train", "--train-layers", "0", "--pairs", str(pairs), "--out", str(out), "--epochs", "3", "--batch-size", "16",
                                   "--cache", str(tmp_path / "cache"), "--force", "--no-progress"])
     assert r.exit_code == 0, r.output
     cfg = json.loads((out / "head.json").read_text())
@@ -305,14 +305,14 @@ def write_beir(folder, topics=16, dev_topics=()):
 
 def test_refusal_reports_the_best_trained_epoch_and_force_saves_a_trained_head(tmp_path):
     ds = write_beir(tmp_path / "ds")
-    args = ["train", "--beir", str(ds), "--out", str(tmp_path / "h"), "--epochs", "2", "--lr", "0", "--batch-size", "8",
+    args = ["train", "--train-layers", "0", "--beir", str(ds), "--out", str(tmp_path / "h"), "--epochs", "2", "--lr", "0", "--batch-size", "8",
             "--cache", str(tmp_path / "c"), "--precision", "fp32", "--no-progress"]
     r = CliRunner().invoke(main, args)
     assert r.exit_code != 0 and "not saved" in r.output
     assert "best trained epoch 0" in r.output and "epoch -1" not in r.output
     assert not (tmp_path / "h").exists()
     # --force saves the best trained epoch's head, with a real training step behind it
-    r = CliRunner().invoke(main, args[:7] + ["--lr", "0.01"] + args[9:] + ["--force"])
+    r = CliRunner().invoke(main, args[:9] + ["--lr", "0.01"] + args[11:] + ["--force"])
     assert r.exit_code == 0, r.output
     head = load_head(tmp_path / "h")
     assert float(head.score.weight.detach().abs().sum()) > 0  # not the untrained (mean-pooling) head
@@ -322,7 +322,7 @@ def test_refusal_reports_the_best_trained_epoch_and_force_saves_a_trained_head(t
 
 def test_dev_fraction_zero_trains_on_every_query_and_needs_force(tmp_path):
     ds = write_beir(tmp_path / "ds")
-    args = ["train", "--beir", str(ds), "--out", str(tmp_path / "h"), "--epochs", "1", "--batch-size", "8", "--dev-fraction", "0",
+    args = ["train", "--train-layers", "0", "--beir", str(ds), "--out", str(tmp_path / "h"), "--epochs", "1", "--batch-size", "8", "--dev-fraction", "0",
             "--cache", str(tmp_path / "c"), "--precision", "fp32", "--no-progress"]
     r = CliRunner().invoke(main, args)
     assert r.exit_code != 0 and "no dev set" in r.output and not (tmp_path / "h").exists()
@@ -334,7 +334,7 @@ def test_dev_fraction_zero_trains_on_every_query_and_needs_force(tmp_path):
 
 def test_dev_split_uses_the_datasets_own_dev_qrels(tmp_path):
     ds = write_beir(tmp_path / "ds", dev_topics=range(12))
-    r = CliRunner().invoke(main, ["train", "--beir", str(ds), "--dev-split", "dev", "--out", str(tmp_path / "h"), "--epochs", "1",
+    r = CliRunner().invoke(main, ["train", "--train-layers", "0", "--beir", str(ds), "--dev-split", "dev", "--out", str(tmp_path / "h"), "--epochs", "1",
                                   "--batch-size", "8", "--cache", str(tmp_path / "c"), "--precision", "fp32", "--no-progress", "--force"])
     assert r.exit_code == 0, r.output
     m = json.loads((tmp_path / "h" / "head.json").read_text())["metrics"]
@@ -351,11 +351,11 @@ def test_train_takes_passage_states_from_an_index_with_kept_states(tmp_path):
                                   "--precision", "fp32", "--no-progress"])
     assert r.exit_code == 0, r.output
     common = ["--epochs", "2", "--batch-size", "8", "--precision", "fp32", "--no-progress", "--force"]
-    a = CliRunner().invoke(main, ["train", "--beir", str(ds), "--index", str(idx), "--out", str(tmp_path / "a"), "--cache", str(tmp_path / "c1"), *common])
+    a = CliRunner().invoke(main, ["train", "--train-layers", "0", "--beir", str(ds), "--index", str(idx), "--out", str(tmp_path / "a"), "--cache", str(tmp_path / "c1"), *common])
     assert a.exit_code == 0, a.output
     assert "token states of 32 passages from" in a.output and "encoded" not in a.output.split("token states of")[1].split("\n")[0]
     assert not any(p.name.startswith("passages-") for p in (tmp_path / "c1").iterdir())  # passages were not encoded
-    b = CliRunner().invoke(main, ["train", "--beir", str(ds), "--out", str(tmp_path / "b"), "--cache", str(tmp_path / "c2"), *common])
+    b = CliRunner().invoke(main, ["train", "--train-layers", "0", "--beir", str(ds), "--out", str(tmp_path / "b"), "--cache", str(tmp_path / "c2"), *common])
     assert b.exit_code == 0, b.output
     ma = json.loads((tmp_path / "a" / "head.json").read_text())["metrics"]
     mb = json.loads((tmp_path / "b" / "head.json").read_text())["metrics"]
@@ -368,6 +368,6 @@ def test_train_takes_passage_states_from_an_index_with_kept_states(tmp_path):
     assert len(unseen) == 2 and unseen[0]["queries"] == f"unseen documents ({ma['dev_queries']})"
 
     # unlabelled: pseudo-queries from the corpus alone
-    r = CliRunner().invoke(main, ["train", "--index", str(idx), "--pseudo-queries", "--out", str(tmp_path / "u"), "--cache", str(tmp_path / "c3"), *common])
+    r = CliRunner().invoke(main, ["train", "--train-layers", "0", "--index", str(idx), "--pseudo-queries", "--out", str(tmp_path / "u"), "--cache", str(tmp_path / "c3"), *common])
     assert r.exit_code == 0, r.output
     assert "32 queries with the corpus's pseudo-queries, 32 passages" in r.output

@@ -34,7 +34,9 @@ class Encoder:
 
     The native backend runs the BERT-family encoder of SEEDS.md; other architectures go through
     sentence-transformers behind the same interface. `pooling` is 'cls', 'mean', 'max' or 'head'
-    (with `head` an AttentionHead).
+    (with `head` an AttentionHead). `head` may instead be trained query layers (a PendingTower from
+    train.head.load_head): documents keep `pooling`, and encode_queries() runs queries through
+    the fine-tuned top layers (train/query_tower.py).
     """
 
     def __init__(
@@ -50,7 +52,9 @@ class Encoder:
         self.pooling = pooling if pooling == "head" else check_pooling(pooling)
         if pooling == "head" and head is None:
             raise InputError("pooling 'head' needs a trained head (--head DIR)")
-        self.head = head
+        pending = head if getattr(head, "kind", None) == "query-layers" else None
+        self.head = None if pending is not None else head
+        self.query_tower = None  # fine-tuned top layers for queries (set below from a PendingTower)
         self.device = resolve_device(device)
         self.precision = resolve_precision(precision, self.device)
         self.batch_tokens = batch_tokens
@@ -67,6 +71,10 @@ class Encoder:
             self._load_st(where, max_length)
         if self.head is not None:
             self.head.to(self.device)
+        if pending is not None:
+            if self.backend != "native":
+                raise InputError(f"{pending.folder}: trained query layers need a BERT-family model on the native encoder")
+            self.query_tower = pending.build(self.model.cfg).to(self.device)
 
     # ---- loading -------------------------------------------------------------------------
     def _load_native(self, folder: Path, max_length: int | None) -> None:
@@ -206,20 +214,58 @@ class Encoder:
         return pool(pooling, states.float(), mask)
 
     def encode_many(
-        self, texts: Sequence[str], poolings: Sequence[str], progress: bool | None = None
+        self, texts: Sequence[str], poolings: Sequence[str], progress: bool | None = None, queries: bool = False
     ) -> dict[str, np.ndarray]:
-        """{pooling: (n, D) normalised float32} from one encoder pass over texts."""
+        """{pooling: (n, D) normalised float32} from one encoder pass over texts. With trained
+        query layers, 'head' is the base pooling for documents and the query layers' vectors
+        for queries (queries=True)."""
         texts = list(texts)
         for p in poolings:
             if p != "head":
                 check_pooling(p)
-        out = {p: np.zeros((len(texts), self.head.out_dim if p == "head" else self.dim), np.float32) for p in poolings}
-        with _few_threads(self, texts):
-            for b in self.iter_states(texts, progress):
-                for p in poolings:
-                    v = torch.nn.functional.normalize(self.pool(p, b.states, b.mask), dim=-1)
-                    out[p][b.index] = v.float().cpu().numpy()
+        tower = self.query_tower is not None and "head" in poolings
+        passes = [p for p in poolings if not (tower and p == "head")]
+        out = {p: np.zeros((len(texts), self._dim_of(p)), np.float32) for p in poolings}
+        if passes or (tower and not queries):
+            with _few_threads(self, texts):
+                for b in self.iter_states(texts, progress):
+                    for p in passes + (["head"] if tower and not queries else []):
+                        v = torch.nn.functional.normalize(self.pool(self.pooling if p == "head" and tower else p, b.states, b.mask), dim=-1)
+                        out[p][b.index] = v.float().cpu().numpy()
+        if tower and queries:
+            out["head"] = self.encode_queries(texts)
         return out
+
+    def encode_queries(self, texts: Sequence[str] | str, progress: bool | None = None) -> np.ndarray:
+        """(n, D) normalised vectors of queries: through the trained query layers where this
+        encoder has them (the documents' pooling after them), else as encode() does."""
+        if isinstance(texts, str):
+            texts = [texts]
+        if self.query_tower is None:
+            return self.encode(texts, progress)
+        from semsearch.train.query_tower import tower_states
+
+        texts = list(texts)
+        ids = self.tokenize(texts)
+        order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
+        out = np.zeros((len(texts), self.dim), np.float32)
+        bs = max(1, self.batch_tokens // max(1, max(map(len, ids), default=1)))
+        with torch.inference_mode(), _few_threads(self, texts):
+            for s in range(0, len(order), bs):
+                idx = order[s : s + bs]
+                T = len(ids[idx[0]])
+                arr = torch.zeros(len(idx), T, dtype=torch.long)
+                mask = torch.zeros(len(idx), T, dtype=torch.long)
+                for r, i in enumerate(idx):
+                    arr[r, : len(ids[i])] = torch.tensor(ids[i])
+                    mask[r, : len(ids[i])] = 1
+                arr, mask = arr.to(self.device), mask.to(self.device)
+                st = tower_states(self.model, self.query_tower, arr, mask)
+                out[idx] = torch.nn.functional.normalize(pool(self.pooling, st, mask), dim=-1).float().cpu().numpy()
+        return out
+
+    def _dim_of(self, pooling: str) -> int:
+        return self.head.out_dim if pooling == "head" and self.head is not None else self.dim
 
     def encode_with_states(self, texts: Sequence[str], progress: bool | None = None) -> tuple[np.ndarray, list[np.ndarray]]:
         """(vectors (n, D') with this encoder's pooling, each text's real-token states (T_i, D) fp16)."""
@@ -247,7 +293,7 @@ class Encoder:
 
     @property
     def out_dim(self) -> int:
-        return self.head.out_dim if self.pooling == "head" else self.dim
+        return self._dim_of(self.pooling)
 
 
 SMALL_CHARS = 2048  # about 512 tokens: a handful of queries, not a batch of documents

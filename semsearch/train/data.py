@@ -21,6 +21,7 @@ class PairData:
     source: str = ""
     dev_queries: list[int] | None = None  # queries held out as given by the data (e.g. a BEIR dev split)
     unlabelled: set[int] = field(default_factory=set)  # pseudo-queries made from the corpus: trained on, never dev
+    titles: list[str] | None = None  # each passage's title, where the data has titles (BEIR)
 
     @property
     def n_pairs(self) -> int:
@@ -71,7 +72,8 @@ def from_beir(folder: str | Path, split: str = "train", dev_split: str | None = 
         checksum = texts_checksum([d.checksum, dv.checksum])
     positives = {qi: {pos_of[doc] for doc, rel in qrels[q].items() if rel > 0} for qi, q in enumerate(qids)}
     return PairData(qtexts, d.doc_texts, positives, passage_ids=d.doc_ids, query_ids=qids, checksum=checksum,
-                    source=f"{folder} ({split}{', dev ' + dev_split if dev_split else ''})", dev_queries=dev)
+                    source=f"{folder} ({split}{', dev ' + dev_split if dev_split else ''})", dev_queries=dev,
+                    titles=d.doc_titles)
 
 
 def from_pairs_file(path: str | Path) -> PairData:

@@ -42,10 +42,52 @@ def unseen_document_queries(folder: str | Path, qrels: dict[str, dict[str, int]]
     return [q for q, rel in qrels.items() if not any(r > 0 and d in seen for d, r in rel.items())]
 
 
+QUERY_LAYERS = "query-layers"  # a head of fine-tuned query-encoder layers (train/query_tower.py)
+
+
 def head_info(folder: Path) -> dict[str, Any]:
+    """{'path', 'fingerprint'} (+ 'kind': 'query-layers' for trained query layers), as the manifest records it."""
     folder = Path(folder).resolve()
     h = hashlib.sha256((folder / "head.safetensors").read_bytes()).hexdigest()[:16]
-    return {"path": str(folder), "fingerprint": h}
+    info = {"path": str(folder), "fingerprint": h}
+    if head_kind(folder) == QUERY_LAYERS:
+        info["kind"] = QUERY_LAYERS
+    return info
+
+
+def head_kind(folder: str | Path) -> str:
+    """'pooling' (an attention-pooling head, applied to documents and queries) or 'query-layers'."""
+    try:
+        cfg = json.loads((Path(folder) / "head.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return "pooling"
+    return cfg.get("kind", "pooling") if isinstance(cfg, dict) else "pooling"
+
+
+def is_query_head(info: dict[str, Any] | None) -> bool:
+    """Whether a manifest's head record is trained query layers (documents keep their pooling)."""
+    return bool(info) and info.get("kind") == QUERY_LAYERS
+
+
+def head_pooling(folder: str | Path) -> str:
+    """The pooling an index built with this head records: 'head' for a pooling head, the
+    documents' own pooling for query layers."""
+    cfg = read_head_config(folder)
+    return cfg.get("doc_pooling", "mean") if cfg.get("kind") == QUERY_LAYERS else "head"
+
+
+class PendingTower:
+    """Trained query layers read from a head folder, built once the encoder knows its model's config."""
+
+    kind = QUERY_LAYERS
+
+    def __init__(self, folder: Path, cfg: dict[str, Any]):
+        self.folder, self.cfg = Path(folder), cfg
+
+    def build(self, model_cfg):
+        from semsearch.train.query_tower import load_tower
+
+        return load_tower(self.folder, model_cfg, self.cfg)
 
 
 def read_head_config(folder: str | Path, base_fingerprint: str | None = None) -> dict[str, Any]:
@@ -66,12 +108,15 @@ def read_head_config(folder: str | Path, base_fingerprint: str | None = None) ->
 
 
 def load_head(folder: str | Path, base_fingerprint: str | None = None):
-    """The AttentionHead saved in folder (see read_head_config for the base-model check)."""
+    """The AttentionHead saved in folder, or a PendingTower for trained query layers (see
+    read_head_config for the base-model check)."""
     from safetensors.torch import load_file
 
     from semsearch.encoder.pooling import AttentionHead
 
     cfg = read_head_config(folder, base_fingerprint)
+    if cfg.get("kind") == QUERY_LAYERS:
+        return PendingTower(Path(folder), cfg)
     head = AttentionHead(cfg["dim"], cfg.get("out_dim"))
     head.load_state_dict(load_file(str(Path(folder) / "head.safetensors")))
     return head.eval()

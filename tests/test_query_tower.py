@@ -1,0 +1,116 @@
+"""Trained query layers (`semsearch train`, default --train-layers 2): documents keep their vectors."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import torch
+from click.testing import CliRunner
+
+from semsearch.cli import main
+from semsearch.train.head import head_info, load_head
+from semsearch.train.query_tower import QueryTower, _hidden, save_tower
+
+from test_train import write_beir
+
+
+def _vectors(folder):
+    from semsearch.search import Retriever
+
+    r = Retriever.load(folder)
+    return r, {int(i): v for ids, vs in r.docs.iter_vectors() for i, v in zip(ids, vs)}
+
+
+def test_untrained_query_layers_give_the_base_vectors_and_round_trip(real_encoder, tmp_path):
+    from semsearch.encoder import Encoder
+
+    tower = QueryTower.from_base(real_encoder.model, 2)
+    save_tower(tower, tmp_path / "h", {"base_model_fingerprint": real_encoder.fingerprint, "doc_pooling": "mean"}, None)
+    assert head_info(tmp_path / "h")["kind"] == "query-layers"
+    enc = Encoder(precision="fp32", device="cpu", head=load_head(tmp_path / "h", real_encoder.fingerprint))
+    assert enc.query_tower is not None and enc.pooling == "mean" and enc.head is None
+    texts = ["loan approval", "what is the boiling point of water at altitude?", "x"]
+    np.testing.assert_allclose(enc.encode_queries(texts), real_encoder.encode(texts), atol=2e-5)
+    # documents never go through the query layers
+    np.testing.assert_array_equal(enc.encode(texts), real_encoder.encode(texts))
+    many = enc.encode_many(texts, ["mean", "head"], queries=True)
+    np.testing.assert_allclose(many["head"], many["mean"], atol=2e-5)
+
+
+def test_every_other_labelled_positive_is_left_out_of_a_querys_softmax():
+    positives = {0: {5, 6, 7}, 1: {6}, 2: {9}}
+    batch = [(0, 5), (1, 6), (2, 9)]
+    rows, cols = _hidden(batch, positives, None)  # full softmax: column j is passage j
+    assert sorted(zip(rows, cols)) == [(0, 6), (0, 7)]
+    # sampled columns: the batch's targets first, then a sample that repeats passages
+    sample = torch.tensor([5, 6, 9, 7, 6, 1, 5])
+    rows, cols = _hidden(batch, positives, sample)
+    got = sorted(zip(rows, cols))
+    # query 0: every column holding 5, 6 or 7 except its own target column 0; query 1: the other 6
+    assert got == [(0, 1), (0, 3), (0, 4), (0, 6), (1, 4)]
+
+
+def test_train_record_and_query_with_trained_query_layers(tmp_path):
+    """index -> train --index (vectors from the index) -> index --head (nothing re-encoded) -> query, eval --head."""
+    ds = write_beir(tmp_path / "ds")
+    idx = tmp_path / "idx"
+    common = ["--precision", "fp32", "--no-progress"]
+    r = CliRunner().invoke(main, ["index", str(ds / "corpus.jsonl"), "--index", str(idx), "--text-column", "title,text", *common])
+    assert r.exit_code == 0, r.output
+    head = tmp_path / "h"
+    r = CliRunner().invoke(main, ["train", "--beir", str(ds), "--index", str(idx), "--out", str(head), "--train-layers", "1",
+                                  "--epochs", "2", "--batch-size", "8", "--lr", "1e-4", "--cache", str(tmp_path / "c"), "--force", *common])
+    assert r.exit_code == 0, r.output
+    assert "vectors of 32 of 32 passages from" in r.output
+    assert "+ 32 pseudo-queries from the corpus (titles)" in r.output
+    assert not (tmp_path / "c").exists()  # no passage was encoded
+    cfg = json.loads((head / "head.json").read_text())
+    assert cfg["kind"] == "query-layers" and cfg["layers"] == 1 and cfg["first_layer"] == 5 and cfg["doc_pooling"] == "mean"
+    assert cfg["metrics"]["pseudo_queries"] == 32 and cfg["metrics"]["dev_split"] == "documents"
+    # the head folder lists the labelled positives it trained on, never the dev documents
+    trained = set((head / "train_positives.txt").read_text().split())
+    assert trained and len(trained) < 32
+
+    before_r, before = _vectors(idx)
+    gen = before_r.manifest.generation
+    r = CliRunner().invoke(main, ["index", str(ds / "corpus.jsonl"), "--index", str(idx), "--head", str(head), *common])
+    assert r.exit_code == 0, r.output
+    after_r, after = _vectors(idx)
+    assert after.keys() == before.keys() and all(np.array_equal(before[i], after[i]) for i in before)  # nothing re-encoded
+    m = after_r.manifest
+    assert m.generation > gen and m.pooling == "mean" and m.head["kind"] == "query-layers"
+    assert after_r.encoder.query_tower is not None
+    q = ["what about comet?"]
+    assert np.abs(after_r.encoder.encode_queries(q) - before_r.encoder.encode(q)).max() > 1e-6  # queries do change
+    r = CliRunner().invoke(main, ["query", "what about comet?", "--index", str(idx), "--json", "-k", "2", "--mode", "dense"])
+    assert r.exit_code == 0, r.output
+    hits = json.loads(r.output)["hits"]
+    assert len(hits) == 2 and "comet" in hits[0]["text"]
+    # a second run with the same head changes nothing
+    r = CliRunner().invoke(main, ["index", str(ds / "corpus.jsonl"), "--index", str(idx), *common])
+    assert r.exit_code == 0, r.output
+    assert _vectors(idx)[0].manifest.head["fingerprint"] == m.head["fingerprint"]
+
+    r = CliRunner().invoke(main, ["eval", str(ds), "--split", "train", "--head", str(head), "--precision", "fp32", "--mode", "dense", "--json"])
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.output)["results"]
+    assert {row["pooling"] for row in rows} == {"mean", "head"}
+    assert any(row.get("queries", "").startswith("unseen documents") for row in rows)
+
+
+def test_query_layers_that_do_not_beat_the_base_are_not_saved(tmp_path):
+    ds = write_beir(tmp_path / "ds")
+    args = ["train", "--beir", str(ds), "--out", str(tmp_path / "h"), "--train-layers", "2", "--epochs", "1", "--lr", "0",
+            "--batch-size", "8", "--cache", str(tmp_path / "c"), "--precision", "fp32", "--no-progress"]
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code != 0 and "did not beat the base model" in r.output and "not saved" in r.output
+    assert not (tmp_path / "h").exists()
+    # the passages were encoded once and cached: a second run reads them
+    assert any(p.name.startswith("vectors-") for p in (tmp_path / "c").iterdir())
+
+
+def test_train_layers_beyond_the_model_is_a_clear_error(tmp_path):
+    ds = write_beir(tmp_path / "ds")
+    r = CliRunner().invoke(main, ["train", "--beir", str(ds), "--out", str(tmp_path / "h"), "--train-layers", "9",
+                                  "--cache", str(tmp_path / "c"), "--precision", "fp32", "--no-progress"])
+    assert r.exit_code != 0 and "--train-layers 9" in r.output and "6 layers" in r.output
