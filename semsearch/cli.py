@@ -276,7 +276,7 @@ def _info_rows(folder, m) -> list[tuple[str, object]]:
         ("index", str(folder)),
         ("format version", m.format_version),
         ("model", f"{m.model} (weights {m.model_fingerprint}, {m.backend})"),
-        ("pooling", m.pooling + (f" (head {m.head['path']})" if m.head else "")),
+        ("pooling", m.pooling + ((f" (trained query layers {m.head['path']})" if m.head.get("kind") == "query-layers" else f" (head {m.head['path']})") if m.head else "")),
         ("vectors", f"{m.dim}-d, {m.metric} (L2-normalised, inner product), index type {m.index.get('type')}"
                     + (f", built on {m.index['built_on']}" if m.index.get("built_on") else "")),
         ("max length", f"{m.max_length} tokens; chunks of {m.chunking['window']} tokens, overlap {m.chunking['overlap']}"),

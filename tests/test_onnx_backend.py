@@ -66,10 +66,11 @@ def test_int8_on_avx2_matches_fp32(avx2_auto_encoder, real_encoder):
         cos = (got * want).sum(1)
         assert cos.min() >= MIN_COS and cos.mean() >= MEAN_COS, (pooling, cos.min(), cos.mean())
         assert np.allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
-    # Activations are quantised with one scale per batch, so a text's vector moves a little with
-    # its batch mates (measured: cosine 0.994 alone vs in a batch of 48), within the tolerance.
-    alone = enc.encode([texts[-1]])
-    assert float(alone[0] @ enc.encode(texts)[-1]) >= MIN_COS
+    # Each text runs alone (dynamic quantisation scales activations per run): its vector does
+    # not depend on what it is encoded with.
+    together = enc.encode(texts)
+    for i in (0, len(texts) // 2, len(texts) - 1):
+        np.testing.assert_array_equal(enc.encode([texts[i]])[0], together[i])
 
 
 def test_int8_model_cached_by_fingerprint(avx2_auto_encoder):

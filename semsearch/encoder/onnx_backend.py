@@ -24,9 +24,9 @@ from semsearch.errors import ModelError
 log = logging.getLogger(__name__)
 
 FORMAT = "int8-v1"  # bump when the export or the quantisation recipe changes
-# Inputs of at most this many tokens (a query or two) run on one thread: thread hand-offs cost more
+# Inputs of at most this many tokens (a query; texts run one at a time) run on one thread: thread hand-offs cost more
 # than they save on so little work, and on a loaded machine a second thread may wait for a core.
-SMALL_TOKENS = 256
+SMALL_TOKENS = 64
 
 
 def cache_dir() -> Path:
