@@ -245,33 +245,39 @@ def index_vectors(folder: Path, data: PairData, encoder, id_field: str = "_id") 
 
 # ---- training -------------------------------------------------------------------------------
 class _QueryInputs:
-    """Every query's bottom-layer states, computed once (fp16 in memory: a 20-token query is
-    15 KB at MiniLM's width) and padded into batches on demand."""
+    """Every query's bottom-layer states, computed once into one fp16 buffer (a 20-token query is
+    15 KB at MiniLM's width) and padded into batches on demand. One buffer, not a tensor per
+    query: thousands of small allocations between the forward's large temporaries kept ~0.7 GB
+    of freed heap from going back (measured on 6,200 queries: 1.19 GB RSS against 113 MB of states)."""
 
     def __init__(self, encoder, texts: list[str], first: int, progress: bool | None):
         self.ids = encoder.tokenize(texts)
-        self.states: list[torch.Tensor] = [None] * len(texts)  # type: ignore[list-item]
+        lens = np.array([len(i) for i in self.ids], np.int64)
+        self.start = np.concatenate([[0], np.cumsum(lens)[:-1]]) if len(lens) else lens
+        self.length = lens
+        model = encoder.model
+        self.buf = torch.empty(int(lens.sum()), model.cfg.hidden_size, dtype=torch.float16)
         order = sorted(range(len(texts)), key=lambda i: len(self.ids[i]))
         bar = progress_bar(len(texts), "frozen layers", "query", progress)
-        model = encoder.model
         with torch.inference_mode():
-            for s in range(0, len(order), 256):
-                idx = order[s : s + 256]
+            for s in range(0, len(order), 64):
+                idx = order[s : s + 64]
                 ids, mask = _pad([self.ids[i] for i in idx])
                 x = bottom_states(model, ids.to(encoder.device), mask.to(encoder.device), first).to(torch.float16).cpu()
                 for r, i in enumerate(idx):
-                    self.states[i] = x[r, : len(self.ids[i])].clone()
+                    self.buf[self.start[i] : self.start[i] + lens[i]] = x[r, : lens[i]]
                 bar.update(len(idx))
         bar.close()
 
     def batch(self, idx: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        T = max(self.states[i].shape[0] for i in idx)
-        D = self.states[idx[0]].shape[1]
-        x = torch.zeros(len(idx), T, D)
+        # Lengths rounded up to a multiple of 16: a few shapes, not one per batch (each new shape
+        # left the allocator more fragmented: RSS grew ~0.5 GB over an epoch without this).
+        T = -(-int(max(self.length[i] for i in idx)) // 16) * 16
+        x = torch.zeros(len(idx), T, self.buf.shape[1])
         mask = torch.zeros(len(idx), T, dtype=torch.long)
         for r, i in enumerate(idx):
-            n = self.states[i].shape[0]
-            x[r, :n] = self.states[i].float()
+            n = int(self.length[i])
+            x[r, :n] = self.buf[self.start[i] : self.start[i] + n].float()
             mask[r, :n] = 1
         return x, mask
 
@@ -286,7 +292,7 @@ def _pad(seqs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
     return ids, mask
 
 
-def _encode(tower: QueryTower, inputs: _QueryInputs, idx: list[int], pool, batch: int = 256) -> np.ndarray:
+def _encode(tower: QueryTower, inputs: _QueryInputs, idx: list[int], pool, batch: int = 64) -> np.ndarray:
     out = np.zeros((len(idx), tower.cfg.hidden_size), np.float32)
     with torch.inference_mode():
         for s in range(0, len(idx), batch):
