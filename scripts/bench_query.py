@@ -46,6 +46,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=7)
     ap.add_argument("--queries", type=int, default=300)
     ap.add_argument("--out", default=str(REPO / "results" / "bench_query.json"))
+    ap.add_argument("--precision", default=None, help="query encoder of the long-lived process (default: as Retriever.load picks)")
     args = ap.parse_args()
 
     index = Path(args.index) if args.index else REPO / "results" / "bench_scifact_index"
@@ -70,7 +71,12 @@ def main() -> None:
 
     from semsearch.search import Retriever
 
-    r = Retriever.load(index)
+    enc = None
+    if args.precision:
+        from semsearch.encoder import Encoder
+
+        enc = Encoder(manifest["model"], pooling=manifest["pooling"], max_length=manifest["max_length"], precision=args.precision)
+    r = Retriever.load(index, encoder=enc)
     for x in queries[:10]:
         r.search(x, k=10, mode="dense")
         r.search(x, k=10, mode="hybrid")

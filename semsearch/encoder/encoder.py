@@ -185,7 +185,7 @@ class Encoder:
                 batch = torch.from_numpy(arr)
                 mask = (torch.arange(T)[None, :] < torch.from_numpy(lens)[:, None]).long()  # (B, T)
                 if self.onnx is not None:
-                    yield Batch(idx, torch.from_numpy(self._onnx_one_by_one(arr, lens)), mask)
+                    yield Batch(idx, torch.from_numpy(self._onnx_one_by_one(arr, lens, len(order) > 16)), mask)
                 else:
                     batch, mask = batch.to(self.device), mask.to(self.device)
                     yield Batch(idx, self.model(batch, mask), mask)
@@ -287,7 +287,7 @@ class Encoder:
             texts = [texts]
         return self.encode_many(texts, [self.pooling], progress)[self.pooling]
 
-    def _onnx_one_by_one(self, arr: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    def _onnx_one_by_one(self, arr: np.ndarray, lens: np.ndarray, bulk: bool) -> np.ndarray:
         """int8 token states (B, T, D), each text run alone at its own length. Dynamic
         quantisation sets the activations' scale per run: run together, a text's vector moved
         with its batch mates (cosine 0.994 alone vs in a batch of 48); alone it is always the
@@ -296,7 +296,7 @@ class Encoder:
         out = np.zeros(arr.shape + (self.dim,), np.float32)
         for r, n in enumerate(lens.tolist()):
             ids = arr[r : r + 1, :n]
-            out[r, :n] = self.onnx(ids, np.ones_like(ids))[0]
+            out[r, :n] = self.onnx(ids, np.ones_like(ids), bulk)[0]
         return out
 
     @property
