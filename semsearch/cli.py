@@ -537,14 +537,7 @@ def train(beir, split, dev_split, pairs, index, train_layers, pseudo_queries, ou
                 data.checksum = td.texts_checksum(data.queries, data.passages)
             click.echo(f"{len(data.queries)} queries with the corpus's pseudo-queries, {len(data.passages)} passages", err=True)
     res = train_head(data, enc, cfg, cache, progress, passages=passages)
-    for row in res.history:
-        click.echo("  " + ", ".join(f"{k} {v}" for k, v in row.items()), err=True)
-    verdict = res.verdict()
-    if res.gate == "none" and not force:
-        raise click.ClickException(f"no dev set (--dev-fraction 0), so nothing checked the head and it was not saved ({verdict}). Use --force to save it anyway.")
-    if not res.improved and not force:
-        raise click.ClickException(f"the head did not beat mean pooling on the {'unseen-document ' if res.gate == 'unseen' else ''}dev set, "
-                                   f"so it was not saved ({verdict}). Use --force to save it anyway.")
+    verdict = _report_and_gate(res, force, "the head", "mean pooling", "it was", "it")
     info = save_head(res.head, out, {
         "base_model": enc.name, "base_model_fingerprint": enc.fingerprint, "max_length": enc.max_length,
         "training_data": data.source, "training_data_checksum": data.checksum, "hyperparameters": config_dict(cfg),
@@ -552,6 +545,21 @@ def train(beir, split, dev_split, pairs, index, train_layers, pseudo_queries, ou
     }, positive_ids=td.trained_positive_ids(data, res.split.train))
     click.echo(verdict)
     click.echo(f"saved head to {out} (fingerprint {info['fingerprint']})")
+
+
+def _report_and_gate(res, force: bool, what: str, base: str, were: str, them: str) -> str:
+    """Print the dev checks; refuse (nothing saved) a result no dev set checked or that did not beat
+    the base there, unless force; gives back the one-line verdict."""
+    for row in res.history:
+        click.echo("  " + ", ".join(f"{k} {v}" for k, v in row.items()), err=True)
+    verdict = res.verdict()
+    if res.gate == "none" and not force:
+        raise click.ClickException(f"no dev set (--dev-fraction 0), so nothing checked {what} and {were} not saved ({verdict}). "
+                                   f"Use --force to save {them} anyway.")
+    if not res.improved and not force:
+        raise click.ClickException(f"{what} did not beat {base} on the {'unseen-document ' if res.gate == 'unseen' else ''}dev set, "
+                                   f"so {were} not saved ({verdict}). Use --force to save {them} anyway.")
+    return verdict
 
 
 def _train_query_layers(beir, split, dev_split, pairs, index, layers, pseudo_queries, out, model, epochs, patience, batch_size,
@@ -602,14 +610,7 @@ def _train_query_layers(beir, split, dev_split, pairs, index, layers, pseudo_que
     if sp.note:
         click.echo(f"note: {sp.note}", err=True)
     res = qt.train_query_tower(data, enc, pvec, cfg, sp, progress, pseudo=n_pseudo)
-    for row in res.history:
-        click.echo("  " + ", ".join(f"{k} {v}" for k, v in row.items()), err=True)
-    verdict = res.verdict()
-    if res.gate == "none" and not force:
-        raise click.ClickException(f"no dev set (--dev-fraction 0), so nothing checked the query layers and they were not saved ({verdict}). Use --force to save them anyway.")
-    if not res.improved and not force:
-        raise click.ClickException(f"the trained query layers did not beat the base model on the {'unseen-document ' if res.gate == 'unseen' else ''}dev set, "
-                                   f"so they were not saved ({verdict}). Use --force to save them anyway.")
+    verdict = _report_and_gate(res, force, "the trained query layers", "the base model", "they were", "them")
     info = qt.save_tower(res.tower, out, {
         "base_model": enc.name, "base_model_fingerprint": enc.fingerprint, "max_length": enc.max_length, "doc_pooling": enc.pooling,
         "training_data": data.source, "training_data_checksum": data.checksum, "hyperparameters": qt.config_dict(cfg),

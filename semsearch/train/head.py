@@ -17,13 +17,18 @@ POSITIVES_FILE = "train_positives.txt"
 def save_head(head, folder: Path, config: dict[str, Any], positive_ids: list[str] | None = None) -> dict[str, Any]:
     """Write a head and its config (and the ids of the documents it trained on as positives, so
     that `eval --head` can report the documents it never saw); gives back {'path', 'fingerprint'}."""
+    out_dim = head.proj.out_features if head.proj is not None else None
+    return write_head_folder(folder, head, {"dim": head.dim, "out_dim": out_dim, **config}, positive_ids)
+
+
+def write_head_folder(folder: Path, module, config: dict[str, Any], positive_ids: list[str] | None) -> dict[str, Any]:
+    """head.safetensors (module's weights) + head.json (config) + train_positives.txt (or none)."""
     from safetensors.torch import save_file
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.detach().float().contiguous().cpu() for k, v in head.state_dict().items()}
-    save_file(tensors, str(folder / "head.safetensors"))
-    cfg = {"format": HEAD_FORMAT, "dim": head.dim, "out_dim": head.proj.out_features if head.proj is not None else None, **config}
+    save_file({k: v.detach().float().contiguous().cpu() for k, v in module.state_dict().items()}, str(folder / "head.safetensors"))
+    cfg = {"format": HEAD_FORMAT, **config}
     (folder / "head.json").write_text(json.dumps(cfg, indent=2, sort_keys=True), encoding="utf-8")
     if positive_ids is not None:
         (folder / POSITIVES_FILE).write_text("".join(f"{d}\n" for d in sorted(set(positive_ids))), encoding="utf-8")

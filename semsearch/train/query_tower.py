@@ -424,23 +424,10 @@ def train_query_tower(data: PairData, encoder, pvec: np.ndarray, cfg: TowerConfi
 # ---- saving and loading ------------------------------------------------------------------------
 def save_tower(tower: QueryTower, folder: Path, config: dict[str, Any], positive_ids: list[str] | None) -> dict[str, Any]:
     """Write a query-layers head folder: head.safetensors (the layers) + head.json (+ the training positives)."""
-    from safetensors.torch import save_file
+    from semsearch.train.head import write_head_folder
 
-    from semsearch.train.head import HEAD_FORMAT, POSITIVES_FILE, head_info
-
-    import json
-
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.detach().float().contiguous().cpu() for k, v in tower.state_dict().items()}, str(folder / "head.safetensors"))
-    cfg = {"format": HEAD_FORMAT, "kind": KIND, "dim": tower.cfg.hidden_size, "first_layer": tower.first, "layers": tower.n,
-           **config}
-    (folder / "head.json").write_text(json.dumps(cfg, indent=2, sort_keys=True), encoding="utf-8")
-    if positive_ids is not None:
-        (folder / POSITIVES_FILE).write_text("".join(f"{d}\n" for d in sorted(set(positive_ids))), encoding="utf-8")
-    else:
-        (folder / POSITIVES_FILE).unlink(missing_ok=True)
-    return head_info(folder)
+    cfg = {"kind": KIND, "dim": tower.cfg.hidden_size, "first_layer": tower.first, "layers": tower.n, **config}
+    return write_head_folder(folder, tower, cfg, positive_ids)
 
 
 def load_tower(folder: Path, cfg_model, head_cfg: dict[str, Any]) -> QueryTower:
