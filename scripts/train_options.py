@@ -1,10 +1,12 @@
-"""Measure training options on SciFact's *train* split only (dev = queries on held-out documents).
+"""Measure the pooling head's options (`semsearch train --train-layers 0`) on SciFact's *train*
+split only (dev = queries on held-out documents). The default trainer (query layers) is measured
+by scripts/train_scifact.py.
 
     python scripts/train_options.py                 # every option, writes results/train_options.{md,json}
     python scripts/train_options.py --only full,diagonal --seeds 0,1
 
-The passages' token states come from the SciFact index that scripts/train_scifact.py builds (kept
-states, fp32); those of the train queries and the corpus titles / first sentences (the unlabelled
+The passages' token states come from the SciFact index that
+`scripts/train_scifact.py --precision fp32 -- --train-layers 0` builds (kept states); those of the train queries and the corpus titles / first sentences (the unlabelled
 pseudo-queries) are computed once at fp32 and cached under results/expcache; each option then
 trains on them. The test split is never read here: pick the default on these figures, then
 report it once with scripts/train_scifact.py.

@@ -446,7 +446,8 @@ def _eval_encoder(model, pooling, heads, device, precision, max_length=None):
 @click.option("--batch-size", type=click.IntRange(min=2), default=64, show_default=True, help="Pairs per batch; the other pairs' passages are the in-batch negatives.")
 @click.option("--positives-per-query", type=click.IntRange(min=1), default=2, show_default=True, help="Positives sampled per query per epoch (bounds an epoch's cost).")
 @click.option("--lr", type=float, default=None, help="AdamW learning rate. Default: 2e-5 for query layers, 2e-3 for a pooling head.")
-@click.option("--weight-decay", type=click.FloatRange(min=0.0), default=0.0, show_default=True, help="Decay toward the starting point (mean pooling), per unit of learning rate.")
+@click.option("--weight-decay", type=click.FloatRange(min=0.0), default=None,
+              help="Query layers: AdamW's weight decay (default 0.01). Pooling head: decay toward the starting point (mean pooling), per unit of learning rate (default 0).")
 @click.option("--scale", type=float, default=20.0, show_default=True, help="Similarity scale (1 / temperature) of the InfoNCE loss.")
 @click.option("--hard-negatives", type=click.IntRange(min=0), default=1, show_default=True, help="Pooling head: mined hard negatives per pair (0: in-batch only). Query layers see every document as a negative.")
 @click.option("--neg-skip", type=click.IntRange(min=0), default=3, show_default=True, help="Skip this many top-ranked non-relevant passages when mining (likely unlabelled positives).")
@@ -498,6 +499,7 @@ def train(beir, split, dev_split, pairs, index, train_layers, pseudo_queries, ou
                                    precision, progress)
     pseudo_queries = bool(pseudo_queries)
     epochs, patience, lr = epochs or 10, patience or 2, lr if lr is not None else 2e-3
+    weight_decay = weight_decay or 0.0
     if beir is not None and pairs is not None:
         raise InputError("give one of --beir DATASET or --pairs FILE, not both")
     unlabelled_only = beir is None and pairs is None
@@ -582,7 +584,7 @@ def _train_query_layers(beir, split, dev_split, pairs, index, layers, pseudo_que
     if unlabelled_only and (index is None or not pseudo_queries):
         raise InputError("give --beir DATASET or --pairs FILE, or --index DIR (with pseudo-queries) to train on the corpus alone")
     cfg = qt.TowerConfig(layers=layers, epochs=epochs or 3, patience=patience or 3, batch_size=batch_size,
-                         lr=lr if lr is not None else 2e-5, weight_decay=weight_decay if weight_decay else 0.01, scale=scale,
+                         lr=lr if lr is not None else 2e-5, weight_decay=0.01 if weight_decay is None else weight_decay, scale=scale,
                          positives_per_query=positives_per_query, pseudo_queries=pseudo_queries, seed=seed)
     enc = Encoder(model, device=device, precision=precision)
     if enc.backend != "native":
