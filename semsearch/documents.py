@@ -11,6 +11,7 @@ batches) and publishes it with one rename. Readers keep the previous generation 
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -115,8 +116,7 @@ def upsert_documents(folder: str | Path, docs: Iterable[Document], encoder, flus
     _check_encoder(base, encoder, folder)
     chunking = ChunkSettings(**base.chunking)
     report = WriteReport()
-    writer = IndexWriter(folder, base.dim, base)
-    try:
+    with _new_generation(folder, base, report, t0) as writer:
         store = writer.docs
         stored = store.files()
         pending: list[ChunkRow] = []
@@ -158,12 +158,6 @@ def upsert_documents(folder: str | Path, docs: Iterable[Document], encoder, flus
                 if len(pending) >= flush_chunks:
                     flush()
         flush()
-        _commit(writer, base)
-    except BaseException:
-        writer.abort()
-        raise
-    report.generation = writer.gen
-    report.seconds = round(time.perf_counter() - t0, 3)
     return report
 
 
@@ -175,8 +169,7 @@ def delete_documents(folder: str | Path, ids: Iterable[str]) -> WriteReport:
     ids = [check_id(i) for i in ids]
     base = Manifest.load(folder)
     report = WriteReport()
-    writer = IndexWriter(folder, base.dim, base)
-    try:
+    with _new_generation(folder, base, report, t0) as writer:
         stored = writer.docs.files()
         missing = [i for i in ids if doc_path(i) not in stored]
         if missing:
@@ -184,13 +177,22 @@ def delete_documents(folder: str | Path, ids: Iterable[str]) -> WriteReport:
         for i in dict.fromkeys(ids):
             writer.vectors.remove(writer.docs.remove_file(stored[doc_path(i)].id))
             report.deleted += 1
+    return report
+
+
+@contextlib.contextmanager
+def _new_generation(folder: Path, base: Manifest, report: WriteReport, t0: float):
+    """An IndexWriter whose writes are published as one new generation when the block ends, or
+    thrown away (nothing changes) if it raises; fills report.generation and report.seconds."""
+    writer = IndexWriter(folder, base.dim, base)
+    try:
+        yield writer
         _commit(writer, base)
     except BaseException:
         writer.abort()
         raise
     report.generation = writer.gen
     report.seconds = round(time.perf_counter() - t0, 3)
-    return report
 
 
 def _commit(writer: IndexWriter, base: Manifest) -> None:

@@ -119,11 +119,11 @@ def fingerprint(path: Path) -> str:
 
 
 def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+    """sha256 of a file's bytes (the corpus walker's hash; imported here, not at module load,
+    to keep the corpus readers off the query start-up path)."""
+    from semsearch.corpus.walk import file_hash
+
+    return file_hash(path)
 
 
 def ids_fingerprint(ids: np.ndarray) -> str:
