@@ -493,6 +493,10 @@ def train(beir, split, dev_split, pairs, index, train_layers, pseudo_queries, ou
     from semsearch.train.head import save_head
     from semsearch.train.trainer import TrainConfig, config_dict, train_head
 
+    if beir is not None and pairs is not None:
+        raise InputError("give one of --beir DATASET or --pairs FILE, not both")
+    if dev_split is not None and beir is None:
+        raise InputError("--dev-split needs --beir")
     if train_layers > 0:
         return _train_query_layers(beir, split, dev_split, pairs, index, train_layers, pseudo_queries, out, model, epochs, patience,
                                    batch_size, positives_per_query, lr, weight_decay, scale, dev_fraction, seed, cache, force, device,
@@ -500,15 +504,11 @@ def train(beir, split, dev_split, pairs, index, train_layers, pseudo_queries, ou
     pseudo_queries = bool(pseudo_queries)
     epochs, patience, lr = epochs or 10, patience or 2, lr if lr is not None else 2e-3
     weight_decay = weight_decay or 0.0
-    if beir is not None and pairs is not None:
-        raise InputError("give one of --beir DATASET or --pairs FILE, not both")
     unlabelled_only = beir is None and pairs is None
     if unlabelled_only and (index is None or not pseudo_queries):
         raise InputError("give --beir DATASET or --pairs FILE, or --index DIR --pseudo-queries to train on the corpus alone")
     if pseudo_queries and index is None:
         raise InputError("--pseudo-queries needs --index DIR (an index built with --keep-states)")
-    if dev_split is not None and beir is None:
-        raise InputError("--dev-split needs --beir")
     if unlabelled_only:
         data = td.PairData([], [], {}, checksum="", source=f"{index} (unlabelled)")
     else:
@@ -576,10 +576,6 @@ def _train_query_layers(beir, split, dev_split, pairs, index, layers, pseudo_que
     from semsearch.train.trainer import TrainConfig, make_split
 
     pseudo_queries = True if pseudo_queries is None else pseudo_queries
-    if beir is not None and pairs is not None:
-        raise InputError("give one of --beir DATASET or --pairs FILE, not both")
-    if dev_split is not None and beir is None:
-        raise InputError("--dev-split needs --beir")
     unlabelled_only = beir is None and pairs is None
     if unlabelled_only and (index is None or not pseudo_queries):
         raise InputError("give --beir DATASET or --pairs FILE, or --index DIR (with pseudo-queries) to train on the corpus alone")
@@ -590,7 +586,7 @@ def _train_query_layers(beir, split, dev_split, pairs, index, layers, pseudo_que
     if enc.backend != "native":
         raise InputError("--train-layers needs a BERT-family model on the native encoder; use --train-layers 0 for this model")
     if unlabelled_only:
-        data = _index_passages(index, enc)
+        data = qt.index_passages(index)
     else:
         data = td.from_beir(beir, split, dev_split) if beir is not None else td.from_pairs_file(pairs)
     click.echo(f"training on {data.source}: {len(data.queries)} queries, {data.n_pairs} pairs, {len(data.passages)} passages", err=True)
@@ -621,25 +617,6 @@ def _train_query_layers(beir, split, dev_split, pairs, index, layers, pseudo_que
     click.echo(verdict)
     click.echo(f"saved query layers to {out} (fingerprint {info['fingerprint']}); documents keep their vectors: "
                f"`semsearch index CORPUS --head {out}` records it on an index without re-encoding")
-
-
-def _index_passages(folder: Path, enc):
-    """PairData of an index's documents (their first chunks) and no labelled query."""
-    import json as _json
-
-    from semsearch.store.docstore import DocStore
-    from semsearch.store.manifest import Manifest
-    from semsearch.train import data as td
-
-    m = Manifest.load(folder)
-    docs = DocStore(folder / m.files["docs"], readonly=True)
-    try:
-        rows = docs.db.execute("SELECT text, metadata FROM chunks WHERE ord = 0 ORDER BY id").fetchall()
-    finally:
-        docs.close()
-    texts = [r[0] for r in rows]
-    ids = [str((_json.loads(r[1]) if r[1] else {}).get("_id", i)) for i, r in enumerate(rows)]
-    return td.PairData([], texts, {}, passage_ids=ids, checksum=td.texts_checksum(texts), source=f"{folder} (unlabelled)")
 
 
 @main.command()

@@ -114,3 +114,17 @@ def test_train_layers_beyond_the_model_is_a_clear_error(tmp_path):
     r = CliRunner().invoke(main, ["train", "--beir", str(ds), "--out", str(tmp_path / "h"), "--train-layers", "9",
                                   "--cache", str(tmp_path / "c"), "--precision", "fp32", "--no-progress"])
     assert r.exit_code != 0 and "--train-layers 9" in r.output and "6 layers" in r.output
+
+
+def test_query_layers_train_on_an_index_alone(tmp_path):
+    """No labels: the index's documents and their first sentences (titles) are the whole data."""
+    ds = write_beir(tmp_path / "ds")
+    idx = tmp_path / "idx"
+    common = ["--precision", "fp32", "--no-progress"]
+    assert CliRunner().invoke(main, ["index", str(ds / "corpus.jsonl"), "--index", str(idx), "--text-column", "title,text", *common]).exit_code == 0
+    r = CliRunner().invoke(main, ["train", "--index", str(idx), "--out", str(tmp_path / "h"), "--train-layers", "1", "--epochs", "1",
+                                  "--batch-size", "8", "--force", *common])
+    assert r.exit_code == 0, r.output
+    assert "training on" in r.output and "(unlabelled): 0 queries, 0 pairs, 32 passages" in r.output
+    assert "vectors of 32 of 32 passages from" in r.output and "+ 32 pseudo-queries from the corpus (first sentences)" in r.output
+    assert json.loads((tmp_path / "h" / "head.json").read_text())["kind"] == "query-layers"

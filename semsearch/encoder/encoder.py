@@ -243,7 +243,7 @@ class Encoder:
             texts = [texts]
         if self.query_tower is None:
             return self.encode(texts, progress)
-        from semsearch.train.query_tower import tower_states
+        from semsearch.train.query_tower import pad_ids, tower_states
 
         texts = list(texts)
         ids = self.tokenize(texts)
@@ -253,12 +253,7 @@ class Encoder:
         with torch.inference_mode(), _few_threads(self, texts):
             for s in range(0, len(order), bs):
                 idx = order[s : s + bs]
-                T = len(ids[idx[0]])
-                arr = torch.zeros(len(idx), T, dtype=torch.long)
-                mask = torch.zeros(len(idx), T, dtype=torch.long)
-                for r, i in enumerate(idx):
-                    arr[r, : len(ids[i])] = torch.tensor(ids[i])
-                    mask[r, : len(ids[i])] = 1
+                arr, mask = pad_ids([ids[i] for i in idx])
                 arr, mask = arr.to(self.device), mask.to(self.device)
                 st = tower_states(self.model, self.query_tower, arr, mask)
                 out[idx] = torch.nn.functional.normalize(pool(self.pooling, st, mask), dim=-1).float().cpu().numpy()

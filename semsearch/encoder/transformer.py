@@ -114,6 +114,15 @@ class Layer(nn.Module):
         return self.ln2(linear.binary(f, x2, w_ff, self.ff_out.bias, "add")).view(B, T, D)
 
 
+def attention_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
+    """Additive bias (B, 1, 1, T) so that no token attends to padding; None where there is no
+    padding (length-sorted batches often have none), for the faster unmasked kernel."""
+    if bool(mask.all()):
+        return None
+    bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
+    return bias.masked_fill(mask == 0, torch.finfo(dtype).min)[:, None, None, :]
+
+
 class BertEncoder(nn.Module):
     def __init__(self, cfg: BertConfig):
         super().__init__()
@@ -124,11 +133,7 @@ class BertEncoder(nn.Module):
     def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Token states (B, T, D) for ids (B, T) and attention mask (B, T), 1 real / 0 pad."""
         x = self.embeddings(ids)
-        bias = None  # no padding (length-sorted batches often have none): the faster unmasked kernel
-        if not bool(mask.all()):
-            # Additive bias so that no token attends to padding: (B, 1, 1, T).
-            bias = torch.zeros(mask.shape, dtype=x.dtype, device=x.device)
-            bias = bias.masked_fill(mask == 0, torch.finfo(x.dtype).min)[:, None, None, :]
+        bias = attention_bias(mask, x.dtype)
         for layer in self.layers:
             x = layer(x, bias)
         return x

@@ -30,6 +30,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from semsearch.encoder.transformer import Layer, attention_bias as _bias
 from semsearch.errors import InputError
 from semsearch.progress import bar as progress_bar
 from semsearch.train.data import PairData, texts_checksum
@@ -48,8 +49,6 @@ class QueryTower(nn.Module):
 
     def __init__(self, cfg, first: int, n: int):
         super().__init__()
-        from semsearch.encoder.transformer import Layer
-
         self.cfg, self.first, self.n = cfg, first, n
         self.layers = nn.ModuleList(Layer(cfg) for _ in range(n))
 
@@ -67,12 +66,6 @@ class QueryTower(nn.Module):
         for layer in self.layers:
             x = layer(x, bias)
         return x
-
-
-def _bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
-    if bool(mask.all()):
-        return None
-    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(mask == 0, torch.finfo(dtype).min)[:, None, None, :]
 
 
 def bottom_states(model, ids: torch.Tensor, mask: torch.Tensor, first: int) -> torch.Tensor:
@@ -194,6 +187,26 @@ def passage_vectors(encoder, data: PairData, cache_dir: Path | None, progress: b
     return v
 
 
+def index_passages(folder: Path) -> PairData:
+    """PairData of an index's documents (their first chunks) and no labelled query, for training
+    on the corpus alone."""
+    import json
+
+    from semsearch.store.docstore import DocStore
+    from semsearch.store.manifest import Manifest
+
+    folder = Path(folder)
+    m = Manifest.load(folder)
+    docs = DocStore(folder / m.files["docs"], readonly=True)
+    try:
+        rows = docs.db.execute("SELECT text, metadata FROM chunks WHERE ord = 0 ORDER BY id").fetchall()
+    finally:
+        docs.close()
+    texts = [r[0] for r in rows]
+    ids = [str((json.loads(r[1]) if r[1] else {}).get("_id", i)) for i, r in enumerate(rows)]
+    return PairData([], texts, {}, passage_ids=ids, checksum=texts_checksum(texts), source=f"{folder} (unlabelled)")
+
+
 def index_vectors(folder: Path, data: PairData, encoder, id_field: str = "_id") -> tuple[np.ndarray, int]:
     """The passages' vectors read from an index (a BEIR document by its `_id` in the first chunk's
     metadata, other passages by exact chunk text), encoding the few it lacks; (vectors, found)."""
@@ -262,7 +275,7 @@ class _QueryInputs:
         with torch.inference_mode():
             for s in range(0, len(order), 64):
                 idx = order[s : s + 64]
-                ids, mask = _pad([self.ids[i] for i in idx])
+                ids, mask = pad_ids([self.ids[i] for i in idx])
                 x = bottom_states(model, ids.to(encoder.device), mask.to(encoder.device), first).to(torch.float16).cpu()
                 for r, i in enumerate(idx):
                     self.buf[self.start[i] : self.start[i] + lens[i]] = x[r, : lens[i]]
@@ -282,7 +295,8 @@ class _QueryInputs:
         return x, mask
 
 
-def _pad(seqs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+def pad_ids(seqs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, mask) (B, T) for token id lists, zero-padded to the longest."""
     T = max(len(s) for s in seqs)
     ids = torch.zeros(len(seqs), T, dtype=torch.long)
     mask = torch.zeros(len(seqs), T, dtype=torch.long)
@@ -345,12 +359,10 @@ def train_query_tower(data: PairData, encoder, pvec: np.ndarray, cfg: TowerConfi
 
     docs = torch.from_numpy(np.ascontiguousarray(pvec, dtype=np.float32))
     docs = F.normalize(docs, dim=-1)
-    allq = sorted(set(split.dev) | set(split.unseen))
-
-    def figures() -> dict[str, float]:
+    def figures() -> dict[str, float]:  # (split.unseen is a subset of split.dev)
         qv = np.zeros((len(data.queries), docs.shape[1]), np.float32)
-        if allq:
-            qv[allq] = _encode(tower, inputs, allq, pool)
+        if split.dev:
+            qv[split.dev] = _encode(tower, inputs, split.dev, pool)
         return _dev_figures(qv, pvec, split, data)
 
     t1 = time.perf_counter()
