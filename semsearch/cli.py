@@ -100,7 +100,7 @@ def main(verbose: bool) -> None:
 @click.option("--head", "head", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None, help="A trained pooling head folder (from `semsearch train`); replaces --pooling.")
 @device_option
 @click.option("--precision", type=click.Choice(["auto", "fp32", "bf16", "fp16", "int8"]), default="auto", show_default=True,
-              help="Encoder arithmetic. auto: bf16 on CPUs with AMX/AVX-512-BF16, fp16 on GPUs, else fp32. int8: ONNX Runtime (the onnx extra), faster on CPUs without AMX, only on request.")
+              help="Encoder arithmetic. auto: fp16 on GPUs; bf16 on CPUs with AMX/AVX-512-BF16; int8 (ONNX Runtime) on other x86 CPUs with AVX2; else fp32. On an existing index, auto keeps the index's own arithmetic.")
 @click.option("--chunk-tokens", type=int, default=None, help="Tokens per chunk. Default: the model's max length - 2 (254).")
 @click.option("--overlap", type=int, default=None, help="Tokens shared by consecutive chunks. Default: 32.")
 @click.option("--text-column", default=None, help="Column (CSV/TSV/Parquet) or field (JSON/JSONL) holding the text; 'title,text' joins several. Default: found automatically.")

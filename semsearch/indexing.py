@@ -97,6 +97,10 @@ def encoder_for_index(base: Manifest | None, model: str | None = None, pooling: 
         pooling = base.pooling
         if base.head and (base.pooling == "head" or is_query_head(base.head)):
             head_mod, info = load_head(base.head["path"]), base.head
+    if precision == "auto" and base is not None:  # new chunks in the index's own arithmetic
+        from semsearch.encoder.hardware import precision_for_index, resolve_device
+
+        precision = precision_for_index(base.precision, resolve_device(device))
     enc = Encoder(model or (base.model if base else None), pooling=pooling or "mean", device=device, precision=precision,
                   max_length=base.max_length if base and not model else max_length, head=head_mod)
     enc.head_info = info

@@ -295,6 +295,12 @@ def encode_queries(encoder, queries: list[str]) -> np.ndarray:
     return fn(queries, progress=False)
 
 
+def int8_model_cached(fingerprint: str) -> bool:
+    from semsearch.encoder.onnx_backend import model_path
+
+    return model_path(fingerprint).exists()
+
+
 def _query_encoder(folder: Path, m, model: str | None, device: str, fast_start: bool):
     """The encoder for queries on index m: torch-free where the model runs natively on the CPU."""
     from semsearch.encoder.models import fingerprint_folder, resolve_model, weight_stats
@@ -307,23 +313,26 @@ def _query_encoder(folder: Path, m, model: str | None, device: str, fast_start: 
         if head_info(m.head["path"])["fingerprint"] != m.head["fingerprint"]:
             raise SettingsMismatch(f"the pooling head at {m.head['path']} changed since {folder} was built; "
                                    "re-pool the index with `semsearch index CORPUS --head DIR`")
+    from semsearch.encoder.hardware import precision_for_index, resolve_device
     from semsearch.train.head import is_query_head
 
     _, where = resolve_model(m.model)
-    if fast_start and m.backend == "native" and isinstance(where, Path) and device != "cuda" and not is_query_head(m.head):
+    on_cpu = device != "cuda" if fast_start else resolve_device(device) == "cpu"
+    # Queries in the index's own arithmetic: an int8 index is queried in int8 (ONNX Runtime).
+    precision = precision_for_index(m.precision, "cpu" if on_cpu else "cuda")
+    if fast_start and m.backend == "native" and isinstance(where, Path) and on_cpu and not is_query_head(m.head):
         from semsearch.encoder.numpy_encoder import NumpyEncoder
 
         # Trust the recorded fingerprint while the weight files keep their size and time (as git does).
         fp = m.model_fingerprint if m.model_files and weight_stats(where) == m.model_files else fingerprint_folder(where)
-        return NumpyEncoder(where, m.model, fp, m.pooling, m.max_length, m.head["path"] if m.head else None)
+        # int8 needs the exported model in the cache (it is there wherever the index was built);
+        # else the torch encoder below exports it. bf16 one-shot queries run in fp32 here.
+        if precision != "int8" or int8_model_cached(fp):
+            return NumpyEncoder(where, m.model, fp, m.pooling, m.max_length, m.head["path"] if m.head else None,
+                                int8=precision == "int8")
     from semsearch.encoder.encoder import Encoder
     from semsearch.train.head import load_head
 
-    # An int8 index is queried in int8 too (ONNX Runtime, where installed): its own arithmetic,
-    # and a query in 7 ms instead of 18 on an AVX2 CPU.
-    from semsearch.encoder.hardware import onnxruntime_installed, resolve_device
-
-    precision = "int8" if m.precision == "int8" and resolve_device(device) == "cpu" and onnxruntime_installed() else "auto"
     enc = Encoder(m.model, pooling=m.pooling, device=device, precision=precision, max_length=m.max_length,
                   head=load_head(m.head["path"]) if m.head else None)
     enc.head_info = m.head

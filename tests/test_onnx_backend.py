@@ -1,7 +1,8 @@
-"""The int8 ONNX Runtime encoder (`--precision int8`, opt-in) against the fp32 encoder."""
+"""The int8 ONNX Runtime encoder (what `--precision auto` runs on AVX2 CPUs without bf16) against fp32."""
 from __future__ import annotations
 
 import json
+import platform
 
 import numpy as np
 import pytest
@@ -29,12 +30,14 @@ def _texts() -> list[str]:
 
 @pytest.fixture(scope="module")
 def avx2_auto_encoder():
-    """Encoder(precision='int8') on an AVX2-only machine (simulated where the CPU has more)."""
+    """Encoder(precision='auto') on an AVX2-only machine (simulated where the CPU has more)."""
     from semsearch.encoder import Encoder
 
+    if "avx2" not in hardware._proc_cpu_flags():
+        pytest.skip("auto picks int8 on x86 CPUs with AVX2 only")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SEMSEARCH_CPU_ISA", "avx2")
-        return Encoder(device="cpu", precision="int8")
+        return Encoder(device="cpu", precision="auto")
 
 
 def test_cpu_isa_override(monkeypatch):
@@ -42,8 +45,17 @@ def test_cpu_isa_override(monkeypatch):
     flags = hardware.cpu_flags()
     assert not any(f.startswith(("avx512", "amx")) for f in flags)
     assert not hardware.cpu_has_fast_bf16()
-    assert hardware.resolve_precision("auto", "cpu") == "fp32"  # int8 is asked for, never picked
+    want = "int8" if "avx2" in flags and platform.machine().lower() in ("x86_64", "amd64") else "fp32"
+    assert hardware.resolve_precision("auto", "cpu") == want
     assert hardware.resolve_precision("auto", "cuda") == "fp16"
+    # An existing index keeps its own arithmetic: int8 stays int8, a float index is never int8.
+    assert hardware.precision_for_index("int8", "cpu") == "int8"
+    assert hardware.precision_for_index("fp32", "cpu") == "fp32"
+    assert hardware.precision_for_index("bf16", "cpu") == "fp32"  # no bf16 units in this simulation
+    assert hardware.precision_for_index("int8", "cuda") == "fp16"
+    monkeypatch.setattr(hardware, "onnxruntime_installed", lambda: False)
+    assert hardware.resolve_precision("auto", "cpu") == "fp32"
+    assert hardware.precision_for_index("int8", "cpu") == "fp32"
     monkeypatch.setenv("SEMSEARCH_CPU_ISA", "native")
     assert hardware.cpu_flags() == hardware._proc_cpu_flags()
     monkeypatch.setenv("SEMSEARCH_CPU_ISA", "sse2")
@@ -56,9 +68,9 @@ def test_int8_is_for_cpus():
         hardware.resolve_precision("int8", "cuda")
 
 
-def test_int8_on_avx2_matches_fp32(avx2_auto_encoder, real_encoder):
+def test_auto_on_avx2_is_int8_and_matches_fp32(avx2_auto_encoder, real_encoder):
     enc = avx2_auto_encoder
-    assert enc.precision == "int8" and enc.onnx is not None
+    assert enc.precision == "int8" and enc.onnx is not None  # auto's choice on this CPU
     texts = _texts()
     for pooling in ("mean", "cls", "max"):
         got = enc.encode_many(texts, [pooling])[pooling]
@@ -133,3 +145,29 @@ def test_an_int8_index_is_queried_in_int8(tmp_path):
     v = ret.encoder.encode_queries(["loan approval"])[0]
     stored = ret.docs.get_vectors([hits[0].id])[1][0]
     assert abs(float(v @ stored) - hits[0].score) < 1e-4
+    # The one-shot CLI path (torch-free) gives the same int8 query vector, so the same scores.
+    fast = Retriever.load(idx, device="cpu", fast_start=True)
+    assert type(fast.encoder).__name__ == "NumpyEncoder" and fast.encoder.precision == "int8"
+    np.testing.assert_allclose(fast.encoder.encode(["loan approval"])[0], v, atol=1e-6)
+    assert [h.id for h in fast.search("loan approval", k=3, mode="dense")] == [h.id for h in hits]
+
+
+def test_an_index_keeps_its_arithmetic_under_auto(tmp_path):
+    """New chunks and queries on an existing index are encoded as its vectors were: an fp32 index
+    stays fp32 on a CPU where a fresh auto index would be int8, and an int8 one stays int8."""
+    from semsearch.cli import main
+    from semsearch.indexing import encoder_for_index
+    from semsearch.search import Retriever
+    from semsearch.store.manifest import Manifest
+
+    from conftest import SAMPLE
+
+    idx = tmp_path / "idx"
+    r = CliRunner().invoke(main, ["index", str(SAMPLE), "--index", str(idx), "--precision", "fp32", "--no-progress"])
+    assert r.exit_code == 0, r.output
+    m = Manifest.load(idx)
+    assert m.precision == "fp32"
+    assert encoder_for_index(m, device="cpu").precision in ("fp32", "bf16")  # bf16 only where the CPU has it
+    assert Retriever.load(idx, device="cpu").encoder.precision in ("fp32", "bf16")
+    m.precision = "int8"  # as if it had been built in int8
+    assert encoder_for_index(m, device="cpu").precision == "int8"

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import logging
 import os
 import platform
 from pathlib import Path
@@ -44,7 +45,7 @@ def _proc_cpu_flags() -> frozenset[str]:
 
 
 def onnxruntime_installed() -> bool:
-    """Whether the int8 encoder's engine (the `onnx` extra) can be imported."""
+    """Whether the int8 encoder's engine (onnxruntime and onnx, both dependencies) can be imported."""
     return importlib.util.find_spec("onnxruntime") is not None and importlib.util.find_spec("onnx") is not None
 
 
@@ -83,8 +84,34 @@ def resolve_precision(precision: str, device: str) -> str:
         return "fp16"
     if cpu_has_fast_bf16():
         return "bf16"
-    # Without bf16 units: fp32. int8 (ONNX Runtime, `--precision int8`) is faster here, but it is
-    # not what auto picks: on SciFact `semsearch eval --precision int8` gives 64.97 nDCG@10 against
-    # fp32's 64.51, outside the 0.3 that auto may move a figure (either way), its vectors reach
-    # only 0.985 cosine to fp32, and they move with their batch mates (README, "CPUs without AMX").
+    if int8_is_fast():
+        # ONNX Runtime's int8 kernels (u8 x s8 multiply-add): on a 2-core AVX2 EPYC 1.7x
+        # sentence-transformers' fp32 on documents and 2.2x on queries, SciFact nDCG@10 64.66
+        # against fp32's 64.51 (README, "CPUs without AMX"). An encoder that cannot load it
+        # falls back to fp32 with a warning (Encoder._load_onnx).
+        return "int8"
     return "fp32"
+
+
+def int8_is_fast() -> bool:
+    """Whether `auto` runs the int8 encoder on this CPU: an x86-64 CPU with AVX2 (measured there)
+    and no bf16 units, with ONNX Runtime installed. ARM has int8 kernels too, but no figure of
+    ours: it stays on fp32 until one is measured."""
+    return platform.machine().lower() in ("x86_64", "amd64") and "avx2" in cpu_flags() and onnxruntime_installed()
+
+
+def precision_for_index(index_precision: str, device: str) -> str:
+    """The precision to encode with for an index built in index_precision, on a resolved device
+    ('cpu' or 'cuda'): its own arithmetic where this machine has it, so that a query and the
+    chunks added later land where the index's vectors are. The float precisions agree with each
+    other to a cosine of 0.9999; int8 agrees with them to 0.98-0.99 only, so an int8 index is
+    encoded in int8 and a float index never is."""
+    if device == "cuda":
+        return "fp16"
+    if index_precision == "int8":
+        if onnxruntime_installed():
+            return "int8"
+        logging.getLogger(__name__).warning("this index was built in int8, but ONNX Runtime is not installed: encoding in fp32 "
+                                            "(cosine 0.98-0.99 to its vectors); pip install onnxruntime onnx to match them")
+        return "fp32"
+    return "bf16" if cpu_has_fast_bf16() else "fp32"

@@ -100,13 +100,17 @@ _POOLS = None
 
 
 class NumpyEncoder:
-    """Same interface as Encoder.encode for the native BERT backend, fp32 on the CPU."""
+    """Same interface as Encoder.encode for the native BERT backend, fp32 on the CPU.
+
+    int8=True: the token states come from the cached int8 ONNX model instead (onnx_backend.py,
+    which must exist), so that an int8 index gets the very query vectors the torch encoder gives
+    it, still without importing torch."""
 
     backend = "native"
     device = "cpu"
-    precision = "fp32"
 
-    def __init__(self, folder: Path, name: str, fingerprint: str, pooling: str, max_length: int, head_folder: str | None = None):
+    def __init__(self, folder: Path, name: str, fingerprint: str, pooling: str, max_length: int, head_folder: str | None = None,
+                 int8: bool = False):
         from tokenizers import Tokenizer
 
         folder = Path(folder)
@@ -117,13 +121,19 @@ class NumpyEncoder:
         self.h = cfg["num_attention_heads"]
         self.eps = cfg.get("layer_norm_eps", 1e-12)
         self.tanh_gelu = cfg.get("hidden_act", "gelu") != "gelu"
-        sd = {k.removeprefix("bert."): v for k, v in map_safetensors(folder / "model.safetensors").items()}
         self.dim = int(cfg["hidden_size"])
-        self.w = sd
         self.L = int(cfg["num_hidden_layers"])
-        # Fused, pre-transposed weights: x @ W is one BLAS call per projection.
+        self.precision = "int8" if int8 else "fp32"
+        self.onnx = None
         self.layers = []
-        for i in range(self.L):
+        if int8:
+            from semsearch.encoder.onnx_backend import OnnxStates, model_path
+
+            self.onnx = OnnxStates(model_path(fingerprint))
+        sd = {} if int8 else {k.removeprefix("bert."): v for k, v in map_safetensors(folder / "model.safetensors").items()}
+        self.w = sd
+        # Fused, pre-transposed weights: x @ W is one BLAS call per projection.
+        for i in range(0 if int8 else self.L):
             p = f"encoder.layer.{i}."
             qkv_w = np.concatenate([sd[p + f"attention.self.{n}.weight"] for n in ("query", "key", "value")]).T.copy()
             qkv_b = np.concatenate([sd[p + f"attention.self.{n}.bias"] for n in ("query", "key", "value")])
@@ -143,6 +153,8 @@ class NumpyEncoder:
 
     def _forward(self, ids: list[int]) -> np.ndarray:
         """Token states (T, D) of one unpadded sequence (no mask needed)."""
+        if self.onnx is not None:
+            return self.onnx.each([np.asarray(ids, np.int64)])[0]
         T, D = len(ids), self.dim
         sd = self.w
         x = sd["embeddings.word_embeddings.weight"][ids] + sd["embeddings.position_embeddings.weight"][:T] + sd["embeddings.token_type_embeddings.weight"][0]

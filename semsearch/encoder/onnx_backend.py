@@ -7,7 +7,7 @@ native torch encoder, optimised, quantised, and cached per weights fingerprint:
 
     $SEMSEARCH_CACHE (default $XDG_CACHE_HOME/semsearch, else ~/.cache/semsearch)/onnx/<key>.onnx
 
-Nothing is downloaded. Needs the `onnx` extra: pip install 'semsearch[onnx]'.
+Nothing is downloaded. Needs onnxruntime and onnx (dependencies of semsearch).
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def _import_ort():
     try:
         import onnxruntime
     except ImportError as e:
-        raise ModelError("precision 'int8' needs ONNX Runtime: pip install 'semsearch[onnx]'") from e
+        raise ModelError("precision 'int8' needs ONNX Runtime: pip install onnxruntime onnx") from e
     return onnxruntime
 
 
@@ -60,7 +60,7 @@ def build(folder: Path, out: Path) -> Path:
         from onnxruntime.quantization import QuantType, quantize_dynamic
         from onnxruntime.transformers.optimizer import optimize_model
     except ImportError as e:
-        raise ModelError("precision 'int8' needs onnx and ONNX Runtime: pip install 'semsearch[onnx]'") from e
+        raise ModelError("precision 'int8' needs onnx and ONNX Runtime: pip install onnxruntime onnx") from e
     from semsearch.encoder.transformer import BertEncoder
 
     model = BertEncoder.from_folder(folder).float()
@@ -161,7 +161,7 @@ class OnnxStates:
         """The int8 model for these weights, exported and cached on first use (~20 s)."""
         path = model_path(fingerprint)
         if not path.exists():
-            log.info("exporting the encoder to an int8 ONNX model at %s (once per model)", path)
+            log.warning("exporting the encoder to an int8 ONNX model for this CPU at %s (once per model: seconds to a minute)", path)
             build(folder, path)
         states = cls(path)
         states._session(1)  # load now: a broken cache file fails here, not mid-index

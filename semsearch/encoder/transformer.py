@@ -70,6 +70,32 @@ def onednn_fused_linear_available() -> bool:
         return False
 
 
+def _cuda_sdpa_backends():
+    """SDPA's CUDA kernels less cuDNN's. torch prefers cuDNN attention for fp16/bf16 on recent
+    GPUs, and cuDNN builds an execution plan for every new (batch, length) shape: with our
+    length-bucketed batches that made fp16 on an H100 *slower* than fp32 (1,571 vs 3,020
+    SciFact docs/s, scripts/bench_encode.py --device cuda). The memory-efficient kernel takes
+    our padding mask and has no per-shape cost. None where this torch cannot choose."""
+    try:
+        from torch.nn.attention import SDPBackend
+    except ImportError:  # torch < 2.3
+        return None
+    return [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+_CUDA_BACKENDS = _cuda_sdpa_backends()
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """softmax(q k^T / sqrt(d) + bias) v for (B, h, T, d) heads, with an additive (B, 1, 1, T) bias."""
+    if q.is_cuda and _CUDA_BACKENDS is not None:
+        from torch.nn.attention import sdpa_kernel
+
+        with sdpa_kernel(_CUDA_BACKENDS):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+
+
 class Layer(nn.Module):
     """One post-norm encoder layer: x = LN(x + Attn(x)); x = LN(x + FFN(x))."""
 
@@ -92,7 +118,7 @@ class Layer(nn.Module):
             return self._forward_packed(x, attn_bias)
         B, T, D = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.h, D // self.h).permute(2, 0, 3, 1, 4)  # 3 × (B, h, T, d)
-        a = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_bias)  # (B, h, T, d)
+        a = attention(q, k, v, attn_bias)  # (B, h, T, d)
         a = a.transpose(1, 2).reshape(B, T, D)
         x = self.ln1(x + self.attn_out(a))
         f = F.gelu(self.ff_in(x), approximate="tanh" if self.tanh_gelu else "none")
