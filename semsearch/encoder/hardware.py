@@ -71,7 +71,7 @@ def resolve_device(device: str) -> str:
 
 
 def resolve_precision(precision: str, device: str) -> str:
-    """The concrete precision ('fp32', 'bf16', 'fp16') for a request on a device."""
+    """The concrete precision ('fp32', 'bf16', 'fp16', 'int8') for a request on a device."""
     if precision not in PRECISIONS:
         raise InputError(f"unknown precision {precision!r}; valid precisions are: {', '.join(PRECISIONS)}")
     if precision != "auto":
