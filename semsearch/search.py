@@ -295,12 +295,6 @@ def encode_queries(encoder, queries: list[str]) -> np.ndarray:
     return fn(queries, progress=False)
 
 
-def int8_model_cached(fingerprint: str) -> bool:
-    from semsearch.encoder.onnx_backend import model_path
-
-    return model_path(fingerprint).exists()
-
-
 def _query_encoder(folder: Path, m, model: str | None, device: str, fast_start: bool):
     """The encoder for queries on index m: torch-free where the model runs natively on the CPU."""
     from semsearch.encoder.models import fingerprint_folder, resolve_model, weight_stats
@@ -327,7 +321,9 @@ def _query_encoder(folder: Path, m, model: str | None, device: str, fast_start: 
         fp = m.model_fingerprint if m.model_files and weight_stats(where) == m.model_files else fingerprint_folder(where)
         # int8 needs the exported model in the cache (it is there wherever the index was built);
         # else the torch encoder below exports it. bf16 one-shot queries run in fp32 here.
-        if precision != "int8" or int8_model_cached(fp):
+        from semsearch.encoder.onnx_backend import model_path
+
+        if precision != "int8" or model_path(fp).exists():
             return NumpyEncoder(where, m.model, fp, m.pooling, m.max_length, m.head["path"] if m.head else None,
                                 int8=precision == "int8")
     from semsearch.encoder.encoder import Encoder

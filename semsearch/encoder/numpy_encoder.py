@@ -124,16 +124,25 @@ class NumpyEncoder:
         self.dim = int(cfg["hidden_size"])
         self.L = int(cfg["num_hidden_layers"])
         self.precision = "int8" if int8 else "fp32"
-        self.onnx = None
-        self.layers = []
+        self.onnx, self.w, self.layers = None, {}, []
         if int8:
             from semsearch.encoder.onnx_backend import OnnxStates, model_path
 
             self.onnx = OnnxStates(model_path(fingerprint))
-        sd = {} if int8 else {k.removeprefix("bert."): v for k, v in map_safetensors(folder / "model.safetensors").items()}
-        self.w = sd
-        # Fused, pre-transposed weights: x @ W is one BLAS call per projection.
-        for i in range(0 if int8 else self.L):
+        else:
+            self._load_weights(folder)
+        self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        self.tokenizer.no_padding()
+        self.tokenizer.enable_truncation(max_length=max_length)
+        self.head = _NumpyHead(head_folder) if pooling == "head" else None
+        if pooling == "head" and head_folder is None:
+            raise InputError("pooling 'head' needs a head folder")
+        self.out_dim = self.head.out_dim if self.head else self.dim
+
+    def _load_weights(self, folder: Path) -> None:
+        """Map the fp32 weights: fused, pre-transposed, so that x @ W is one BLAS call a projection."""
+        sd = self.w = {k.removeprefix("bert."): v for k, v in map_safetensors(folder / "model.safetensors").items()}
+        for i in range(self.L):
             p = f"encoder.layer.{i}."
             qkv_w = np.concatenate([sd[p + f"attention.self.{n}.weight"] for n in ("query", "key", "value")]).T.copy()
             qkv_b = np.concatenate([sd[p + f"attention.self.{n}.bias"] for n in ("query", "key", "value")])
@@ -143,13 +152,6 @@ class NumpyEncoder:
                                 sd[p + "intermediate.dense.weight"].T, sd[p + "intermediate.dense.bias"],
                                 sd[p + "output.dense.weight"].T, sd[p + "output.dense.bias"],
                                 sd[p + "output.LayerNorm.weight"], sd[p + "output.LayerNorm.bias"]))
-        self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
-        self.tokenizer.no_padding()
-        self.tokenizer.enable_truncation(max_length=max_length)
-        self.head = _NumpyHead(head_folder) if pooling == "head" else None
-        if pooling == "head" and head_folder is None:
-            raise InputError("pooling 'head' needs a head folder")
-        self.out_dim = self.head.out_dim if self.head else self.dim
 
     def _forward(self, ids: list[int]) -> np.ndarray:
         """Token states (T, D) of one unpadded sequence (no mask needed)."""

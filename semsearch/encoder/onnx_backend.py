@@ -202,6 +202,7 @@ class OnnxStates:
 
         if self.threads < 2 or len(texts) < 2 * self.threads:
             return [one(x, 1 if len(x) <= SMALL_TOKENS else self.threads) for x in texts]
+        self._session(1)  # made here, before the pool's threads would race to make it
         return list(self._pool().map(lambda x: one(x, 1), texts))
 
     def _pool(self):
