@@ -161,9 +161,9 @@ def upsert_documents(folder: str | Path, docs: Iterable[Document], encoder, flus
     return report
 
 
-def delete_documents(folder: str | Path, ids: Iterable[str]) -> WriteReport:
+def delete_documents(folder: str | Path, ids: Iterable[str], missing_ok: bool = False) -> WriteReport:
     """Remove documents by id, in one new generation; DocumentNotFound (nothing removed) if any
-    id is not in the index."""
+    id is not in the index, unless `missing_ok` (then ids not in the index are passed over)."""
     t0 = time.perf_counter()
     folder = Path(folder)
     ids = [check_id(i) for i in ids]
@@ -172,9 +172,9 @@ def delete_documents(folder: str | Path, ids: Iterable[str]) -> WriteReport:
     with _new_generation(folder, base, report, t0) as writer:
         stored = writer.docs.files()
         missing = [i for i in ids if doc_path(i) not in stored]
-        if missing:
+        if missing and not missing_ok:
             raise DocumentNotFound(f"no document with id {missing[0]!r} in {folder}")
-        for i in dict.fromkeys(ids):
+        for i in dict.fromkeys(i for i in ids if doc_path(i) in stored):
             writer.vectors.remove(writer.docs.remove_file(stored[doc_path(i)].id))
             report.deleted += 1
     return report
