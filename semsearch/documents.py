@@ -103,6 +103,18 @@ def _check_encoder(base: Manifest, encoder, folder: Path) -> None:
         raise SettingsMismatch(f"{folder} was built with pooling {base.pooling!r}; documents must be encoded with it, not {encoder.pooling!r}")
 
 
+def create_index(folder: str | Path, encoder) -> Path:
+    """An empty index at `folder` for documents to be upserted into, built for `encoder` (its model,
+    pooling and default chunking); a folder that already holds an index is left as it is."""
+    from semsearch.corpus.walk import WalkResult
+    from semsearch.indexing import index_corpus
+
+    folder = Path(folder)
+    if not (folder / "manifest.json").exists():
+        index_corpus(folder, folder, encoder, progress=False, found=WalkResult())  # no files to walk
+    return folder
+
+
 def upsert_documents(folder: str | Path, docs: Iterable[Document], encoder, flush_chunks: int = 32) -> WriteReport:
     """Add or replace documents by id in an existing index, in one new generation.
 
@@ -204,4 +216,4 @@ def _commit(writer: IndexWriter, base: Manifest) -> None:
     writer.commit(manifest)
 
 
-__all__ = ["Document", "WriteReport", "check_id", "delete_documents", "doc_id_of", "doc_path", "upsert_documents"]
+__all__ = ["Document", "WriteReport", "check_id", "create_index", "delete_documents", "doc_id_of", "doc_path", "upsert_documents"]
