@@ -103,15 +103,15 @@ def _check_encoder(base: Manifest, encoder, folder: Path) -> None:
         raise SettingsMismatch(f"{folder} was built with pooling {base.pooling!r}; documents must be encoded with it, not {encoder.pooling!r}")
 
 
-def create_index(folder: str | Path, encoder) -> Path:
-    """An empty index at `folder` for documents to be upserted into, built for `encoder` (its model,
-    pooling and default chunking); a folder that already holds an index is left as it is."""
+def create_index(folder: str | Path, encoder, chunking: ChunkSettings | None = None) -> Path:
+    """An empty index at `folder` for documents to be upserted into, built for `encoder` (its model
+    and pooling; `chunking` or the model's default); a folder that already holds an index is left as it is."""
     from semsearch.corpus.walk import WalkResult
     from semsearch.indexing import index_corpus
 
     folder = Path(folder)
     if not (folder / "manifest.json").exists():
-        index_corpus(folder, folder, encoder, progress=False, found=WalkResult())  # no files to walk
+        index_corpus(folder, folder, encoder, chunking, progress=False, found=WalkResult())  # no files to walk
     return folder
 
 
@@ -173,6 +173,34 @@ def upsert_documents(folder: str | Path, docs: Iterable[Document], encoder, flus
     return report
 
 
+def stored_documents(store, ids: Iterable[str]) -> dict[str, Document]:
+    """The API documents with these ids that `store` (a DocStore) holds, by id, in the order asked:
+    each one's text joined from its chunks (from its first to its last token: surrounding blanks
+    are not kept) and its metadata. Ids it does not hold are left out."""
+    paths = [doc_path(i) for i in dict.fromkeys(ids)]
+    parts: dict[str, list[tuple]] = {}
+    for at in range(0, len(paths), 500):
+        part = paths[at : at + 500]
+        rows = store.db.execute("SELECT f.path, c.start, c.end, c.text, c.metadata FROM files f JOIN chunks c ON c.file_id = f.id"
+                                f" WHERE f.path IN ({','.join('?' * len(part))}) ORDER BY c.ord", part).fetchall()
+        for path, *chunk in rows:
+            parts.setdefault(path, []).append(chunk)
+    out: dict[str, Document] = {}
+    for path in paths:
+        if path not in parts:
+            continue
+        text, done = "", None  # done: the document offset where `text` ends
+        for start, end, chunk, _ in parts[path]:
+            if done is None or start >= done:  # the first chunk, or one after a gap (chunks without overlap)
+                text += chunk if done is None or start == done else " " + chunk
+            else:  # overlapping windows: the part past what is there already
+                text += chunk[done - start:]
+            done = max(done or 0, end)
+        meta = parts[path][0][3]
+        out[doc_id_of(path)] = Document(doc_id_of(path), text, json.loads(meta) if meta else {})
+    return out
+
+
 def delete_documents(folder: str | Path, ids: Iterable[str], missing_ok: bool = False) -> WriteReport:
     """Remove documents by id, in one new generation; DocumentNotFound (nothing removed) if any
     id is not in the index, unless `missing_ok` (then ids not in the index are passed over)."""
@@ -216,4 +244,5 @@ def _commit(writer: IndexWriter, base: Manifest) -> None:
     writer.commit(manifest)
 
 
-__all__ = ["Document", "WriteReport", "check_id", "create_index", "delete_documents", "doc_id_of", "doc_path", "upsert_documents"]
+__all__ = ["Document", "WriteReport", "check_id", "create_index", "delete_documents", "doc_id_of", "doc_path", "stored_documents",
+           "upsert_documents"]
