@@ -176,7 +176,8 @@ def upsert_documents(folder: str | Path, docs: Iterable[Document], encoder, flus
 def stored_documents(store, ids: Iterable[str]) -> dict[str, Document]:
     """The API documents with these ids that `store` (a DocStore) holds, by id, in the order asked:
     each one's text joined from its chunks (from its first to its last token: surrounding blanks
-    are not kept) and its metadata. Ids it does not hold are left out."""
+    are not kept; in an index chunked without overlap, one space joins windows) and its metadata.
+    Ids it does not hold are left out."""
     paths = [doc_path(i) for i in dict.fromkeys(ids)]
     parts: dict[str, list[tuple]] = {}
     for at in range(0, len(paths), 500):
