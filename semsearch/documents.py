@@ -128,6 +128,12 @@ def upsert_documents(folder: str | Path, docs: Iterable[Document], encoder, flus
     _check_encoder(base, encoder, folder)
     chunking = ChunkSettings(**base.chunking)
     report = WriteReport()
+    held = _stored_hashes(folder, base, [doc_path(d.id) for d in docs])
+    if held is not None and all(held.get(doc_path(d.id)) == _digest(d) for d in docs):
+        # nothing to change: no writer, no copy of the docstore, no new generation
+        report.unchanged, report.generation = len(docs), base.generation
+        report.seconds = round(time.perf_counter() - t0, 3)
+        return report
     with _new_generation(folder, base, report, t0) as writer:
         store = writer.docs
         stored = store.files()
@@ -171,6 +177,28 @@ def upsert_documents(folder: str | Path, docs: Iterable[Document], encoder, flus
                     flush()
         flush()
     return report
+
+
+def _stored_hashes(folder: Path, base: Manifest, paths: list[str]) -> dict[str, str] | None:
+    """The content hashes of these docstore paths in generation `base` (read-only), by path;
+    None when that generation cannot be read any more (a newer one replaced it meanwhile)."""
+    from semsearch.store.docstore import DocStore
+    from semsearch.store.integrity import DB_ERRORS
+
+    try:
+        store = DocStore(folder / base.files["docs"], readonly=True)
+    except (KeyError, OSError, *DB_ERRORS):
+        return None
+    try:
+        out: dict[str, str] = {}
+        for at in range(0, len(paths), 500):
+            part = paths[at : at + 500]
+            out.update(store.db.execute(f"SELECT path, hash FROM files WHERE path IN ({','.join('?' * len(part))})", part))
+        return out
+    except DB_ERRORS:
+        return None
+    finally:
+        store.close()
 
 
 def stored_documents(store, ids: Iterable[str]) -> dict[str, Document]:
@@ -228,6 +256,11 @@ def _new_generation(folder: Path, base: Manifest, report: WriteReport, t0: float
     writer = IndexWriter(folder, base.dim, base)
     try:
         yield writer
+        if report.added + report.updated + report.deleted == 0:  # nothing changed: publish nothing
+            generation = Manifest.load(folder).generation  # still the newest: the writer lock is held
+            writer.abort()
+            report.generation, report.seconds = generation, round(time.perf_counter() - t0, 3)
+            return
         _commit(writer, base)
     except BaseException:
         writer.abort()
