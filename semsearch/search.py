@@ -42,9 +42,11 @@ class Hit:
 
     @property
     def location(self) -> str:
-        """'path:line' for text files, 'path row N' for tabular ones."""
+        """'path:line' for text files, 'path row N' for tabular ones, 'path p. N' for PDF pages."""
         if self.row is not None:
             return f"{self.source} row {self.row}"
+        if self.line is None and isinstance((self.metadata or {}).get("page"), int):
+            return f"{self.source} p. {self.metadata['page']}"
         return f"{self.source}:{self.line}" if self.line else self.source
 
     def to_dict(self) -> dict[str, Any]:
