@@ -106,6 +106,8 @@ def main(verbose: bool) -> None:
 @click.option("--text-column", default=None, help="Column (CSV/TSV/Parquet) or field (JSON/JSONL) holding the text; 'title,text' joins several. Default: found automatically.")
 @click.option("--skip-errors", is_flag=True, help="Skip malformed CSV/JSONL lines, and files that cannot be read (any format), with a warning instead of stopping; the summary lists the files.")
 @click.option("--checksum", is_flag=True, help="Hash every file to find changes, instead of trusting an unchanged size, mtime, ctime and inode.")
+@click.option("--include", "include", multiple=True, metavar="GLOB", help="Index only files matching GLOB (gitignore syntax, relative to CORPUS: '*.html', 'docs/**/*.md'); repeatable.")
+@click.option("--exclude", "exclude", multiple=True, metavar="GLOB", help="Leave out files or folders matching GLOB (as --include); repeatable. CORPUS/.semsearchignore (gitignore syntax) is also read.")
 @click.option("--rebuild", is_flag=True, help="Build the index anew (e.g. with another model or pooling) instead of updating it.")
 @click.option("--keep-states", is_flag=True, help="Keep every chunk's fp16 token states (768 bytes a token for MiniLM) so a new --pooling or --head re-pools the index without re-encoding.")
 @click.option("--index-type", type=click.Choice(["auto", "flat", "ivf", "ivf-fastscan", "ivf-sq8", "hnsw"]), default="auto", show_default=True,
@@ -121,12 +123,14 @@ def main(verbose: bool) -> None:
 @click.option("--progress/--no-progress", default=None, help="Progress bar. Default: shown on a terminal.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @handle_errors
-def index(corpus, index, model, pooling, head, device, precision, chunk_tokens, overlap, text_column, skip_errors, checksum, rebuild,
-          keep_states, index_type, target_recall, max_bytes_per_vector, engine, ray_address, workers, progress, as_json):
+def index(corpus, index, model, pooling, head, device, precision, chunk_tokens, overlap, text_column, skip_errors, checksum, include, exclude,
+          rebuild, keep_states, index_type, target_recall, max_bytes_per_vector, engine, ray_address, workers, progress, as_json):
     """Index the files under CORPUS (a folder or one file) into an index folder.
 
-    Reads .txt .md .rst .csv .tsv .jsonl .json .parquet, recursively; hidden and binary files are
-    skipped. Running it again re-embeds only new or changed files and removes deleted ones.
+    Reads .txt .md .rst .csv .tsv .jsonl .json .parquet, and .pdf (text layer) .html .htm .docx,
+    recursively; hidden and binary files are skipped, and a .json that is not records is skipped
+    with a warning. Hits from PDFs carry their page, from HTML, Word and Markdown their section
+    path (metadata: page, section, title). Running it again re-embeds only new or changed files and removes deleted ones.
     Writes are atomic: an interrupted run leaves the previous index usable.
     """
     from semsearch.corpus import ReadOptions
@@ -139,7 +143,7 @@ def index(corpus, index, model, pooling, head, device, precision, chunk_tokens, 
         raise click.ClickException(f"corpus path {str(corpus)!r} does not exist")
     if pooling and len(pooling) > 1:
         raise click.BadParameter("index takes one pooling", param_hint="--pooling")
-    found = scan_corpus(corpus)  # an empty or unreadable corpus fails before the model loads
+    found = scan_corpus(corpus, include, exclude)  # an empty or unreadable corpus fails before the model loads
     runner = make_engine(engine, ray_address if engine == "ray" else None, workers)
     base = load_base(folder, rebuild)
     enc = encoder_for_index(base, model, pooling[0] if pooling else None, head, device, precision)

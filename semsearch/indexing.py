@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from semsearch.corpus.chunking import ChunkSettings, chunk_text, line_of
+from semsearch.corpus.formats import STRUCTURED_EXTS, extract
 from semsearch.corpus.readers import TEXT_EXTS, ReadOptions, Skip, _check_utf8, read_documents
 from semsearch.corpus.streaming import chunk_stream, text_blocks
 from semsearch.corpus.walk import WalkResult, file_hash, walk
@@ -65,13 +66,15 @@ class IndexReport:
         return d
 
 
-def scan_corpus(corpus: Path) -> WalkResult:
-    """The corpus's indexable files; an InputError when there are none (checked before any
-    model is loaded, so a wrong path fails in milliseconds)."""
-    found = walk(Path(corpus))
+def scan_corpus(corpus: Path, include=(), exclude=()) -> WalkResult:
+    """The corpus's indexable files (chosen by `include` / `exclude` globs and the root's
+    .semsearchignore); an InputError when there are none (checked before any model is loaded,
+    so a wrong path fails in milliseconds)."""
+    found = walk(Path(corpus), include, exclude)
     if not found.files:
         why = ", ".join(f"{n} {r}" for r, n in found.skipped.items()) or "no files"
-        raise InputError(f"no indexable files in {str(corpus)!r} ({why}); supported: .txt .md .rst .csv .tsv .jsonl .json .parquet")
+        raise InputError(f"no indexable files in {str(corpus)!r} ({why}); supported: "
+                         ".txt .md .rst .csv .tsv .jsonl .json .parquet .pdf .html .htm .docx")
     return found
 
 
@@ -249,16 +252,19 @@ def index_corpus(
     checksum: bool = False,
     found: WalkResult | None = None,
     engine=None,
+    include=(),
+    exclude=(),
 ) -> IndexReport:
     """Index (or incrementally update) `folder` from the files under `corpus`. `checksum` hashes
     every file instead of trusting unchanged size, times and inode; `found` is scan_corpus()'s; `engine` (from semsearch.engines.make_engine) reads, chunks
-    and encodes elsewhere, None streams in this process."""
+    and encodes elsewhere, None streams in this process. `include` / `exclude`: gitignore-style
+    globs relative to the corpus root choosing the files (when `found` is not given)."""
     from semsearch.store.resume import ResumeCache, encoder_key
 
     t0 = time.perf_counter()
     corpus, folder = Path(corpus), Path(folder)
     read = read or ReadOptions()
-    found = found or scan_corpus(corpus)
+    found = found or scan_corpus(corpus, include, exclude)
     base = load_base(folder, rebuild)
     if base is not None and chunking is None:
         chunking = ChunkSettings(**base.chunking)
@@ -432,6 +438,9 @@ def _skip_file(path: Path, e: Exception, report: IndexReport) -> None:
 def _chunk_rows(path: Path, encoder, chunking: ChunkSettings, read: ReadOptions, on_bytes=None, group: int = 64):
     """(document number, [ChunkRow]) for each document of a file (file_id filled in later); a
     text file is streamed in groups of chunks of its one document, in bounded memory."""
+    if path.suffix.lower() in STRUCTURED_EXTS:  # PDF page by page, HTML, Word, Markdown: with their marks
+        yield from _structured_rows(path, encoder, chunking, on_bytes, group)
+        return
     if path.suffix.lower() in TEXT_EXTS:
         _check_utf8(path)  # up front: a file that is not UTF-8 is skipped before anything is added
         rows: list[ChunkRow] = []
@@ -454,3 +463,19 @@ def _chunk_rows(path: Path, encoder, chunking: ChunkSettings, read: ReadOptions,
             yield n, rows
     except OSError as e:
         raise CorpusError(f"{path}: unreadable ({e.strerror or e})") from e
+
+
+def _structured_rows(path: Path, encoder, chunking: ChunkSettings, on_bytes=None, group: int = 64):
+    """The one document of a PDF, HTML, Word or Markdown file, streamed: each chunk carries its
+    page, section path and the title in its metadata, and stops at a near section boundary."""
+    try:
+        ex = extract(path, on_bytes)  # an encrypted or damaged file fails here, before it is added
+        rows: list[ChunkRow] = []
+        for i, (c, line) in enumerate(chunk_stream(ex.blocks, encoder.token_offsets, chunking, ex.marks.boundaries)):
+            rows.append(ChunkRow(0, None, i, c.start, c.end, line if ex.keeps_lines else None, c.text, ex.marks.locate(c.start, c.end)))
+            if len(rows) >= group:
+                yield 0, rows
+                rows = []
+    except (OSError, UnicodeDecodeError) as e:
+        raise CorpusError(f"{path}: unreadable ({e})") from e
+    yield 0, rows
