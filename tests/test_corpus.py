@@ -294,11 +294,18 @@ def test_json_malformed_names_file(tmp_path):
         read(p)
 
 
-def test_json_that_is_not_objects_is_a_corpus_error(tmp_path):
+@pytest.mark.parametrize("body", ["[1, 2, 3]", '"just a string"', '{"version": 3, "theme": {"dark": true}}'])
+def test_json_that_is_not_a_corpus_is_skipped_with_the_reason(tmp_path, body):
     p = tmp_path / "r.json"
-    p.write_text("[1, 2, 3]")
-    with pytest.raises(CorpusError, match=re.escape(str(p))):
+    p.write_text(body)
+    with pytest.raises(Skip, match="not a JSON corpus"):
         read(p)
+
+
+def test_json_without_a_text_field_is_read_when_one_is_named(tmp_path):
+    p = tmp_path / "r.json"
+    p.write_text('[{"version": "3 and some words", "n": 1}]')
+    assert [d.text for d in read(p, text_column="version")] == ["3 and some words"]
 
 
 # ---------------------------------------------------------------------------------------------

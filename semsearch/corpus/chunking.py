@@ -1,8 +1,9 @@
 """Split a document into overlapping token windows that keep their character offsets."""
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
 from semsearch.errors import InputError
 
@@ -32,20 +33,48 @@ class Chunk:
     n_tokens: int
 
 
-def chunk_text(text: str, offsets: Offsets, settings: ChunkSettings) -> Iterator[Chunk]:
-    """Token windows of `settings.window` tokens, each sharing `settings.overlap` with the last."""
+def chunk_text(text: str, offsets: Offsets, settings: ChunkSettings, boundaries: Sequence[int] = ()) -> Iterator[Chunk]:
+    """Token windows of `settings.window` tokens, each sharing `settings.overlap` with the last.
+    `boundaries` (sorted character offsets where a section starts) cut a window short when one
+    falls in its second half, so a chunk does not glue the end of a section to the next one."""
     spans = offsets(text)
     if not spans:  # nothing the model would see (blank, or only characters the tokenizer drops)
         return
-    step = settings.window - settings.overlap
-    i = 0
-    while True:
-        w = spans[i : i + settings.window]
-        start, end = w[0][0], w[-1][1]
-        yield Chunk(text[start:end], start, end, len(w))
-        if i + settings.window >= len(spans):
-            break
-        i += step
+    i: int | None = 0
+    while i is not None:
+        end, nxt = window_end(spans, i, len(spans), settings, boundaries)
+        start, stop = spans[i][0], spans[end - 1][1]
+        yield Chunk(text[start:stop], start, stop, end - i)
+        i = nxt
+
+
+def window_end(spans: Sequence[tuple[int, int]], i: int, n: int | None, settings: ChunkSettings,
+               boundaries: Sequence[int] = ()) -> tuple[int, int | None]:
+    """(end token index, next window's first token or None) of the window from token i; n is the
+    number of tokens when known (None: more follow spans[i + window]). The window stops at the
+    last section boundary in its second half (the next one then starts at that boundary, with
+    no overlap reaching back into the previous section); otherwise it is `window` tokens and
+    the next starts `window - overlap` on, or at a boundary inside that overlap."""
+    W = settings.window
+    end = i + W if n is None else min(i + W, n)
+    last = n is not None and end >= n
+    half = i + max(W // 2, 1)
+    if boundaries and end - 1 >= half:
+        lo = spans[half - 1][0]  # a boundary after this token's start maps to token >= half
+        hi = spans[end][0] if not last else spans[end - 1][0]
+        k = bisect.bisect_right(boundaries, hi) - 1
+        if k >= 0 and boundaries[k] > lo:
+            b = bisect.bisect_left(spans, boundaries[k], key=lambda t: t[0])
+            if b < (n if n is not None else len(spans)):
+                return b, b
+    if last:
+        return end, None
+    nxt = i + W - settings.overlap
+    if boundaries and settings.overlap:
+        k = bisect.bisect_right(boundaries, spans[end][0]) - 1  # a boundary within the overlap
+        if k >= 0 and boundaries[k] > spans[nxt][0]:
+            nxt = bisect.bisect_left(spans, boundaries[k], key=lambda t: t[0])
+    return end, nxt
 
 
 def line_of(text: str, offset: int) -> int:

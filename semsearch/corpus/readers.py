@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
+from semsearch.corpus.formats import DOCX_EXTS, HTML_EXTS, PDF_EXTS
 from semsearch.errors import CorpusError, InputError
 
 log = logging.getLogger(__name__)
@@ -16,7 +17,8 @@ TEXT_EXTS = {".txt", ".md", ".markdown", ".rst", ".text"}
 TABLE_EXTS = {".csv", ".tsv"}
 RECORD_EXTS = {".jsonl", ".ndjson", ".json"}
 PARQUET_EXTS = {".parquet"}
-SUPPORTED_EXTS = TEXT_EXTS | TABLE_EXTS | RECORD_EXTS | PARQUET_EXTS
+DOCUMENT_EXTS = PDF_EXTS | HTML_EXTS | DOCX_EXTS  # read by semsearch.corpus.formats
+SUPPORTED_EXTS = TEXT_EXTS | TABLE_EXTS | RECORD_EXTS | PARQUET_EXTS | DOCUMENT_EXTS
 
 # Field names tried, in order, when no text column is named.
 TEXT_FIELD_NAMES = ("text", "content", "body", "passage", "document", "contents", "abstract", "description", "answer")
@@ -54,6 +56,11 @@ def read_documents(path: Path, opts: ReadOptions) -> Iterator[Document]:
         yield from _read_jsonl(path, opts)
     elif ext in PARQUET_EXTS:
         yield from _read_parquet(path, opts)
+    elif ext in DOCUMENT_EXTS:  # the whole extracted text; indexing also marks pages and sections
+        from semsearch.corpus.formats import extract_text
+
+        text, meta = extract_text(path)
+        yield Document(text, metadata=meta)
     else:
         raise InputError(f"{path}: unsupported file type {ext!r}")
 
@@ -258,10 +265,17 @@ def _read_json(path: Path, opts: ReadOptions) -> Iterator[Document]:
         raise Skip(f"not UTF-8 (byte {e.start})") from e
     except (ValueError, RecursionError) as e:
         raise CorpusError(f"{path}: malformed JSON: {e}") from e
+    # A .json in a folder is often not a corpus (a site's settings, a search index, a manifest):
+    # one that is not records with a text field is skipped with a warning, not a stop.
     if isinstance(data, dict):
         data = [data]
     if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
-        raise CorpusError(f"{path}: expected a JSON object or a list of objects")
+        raise Skip("not a JSON corpus (expected a JSON object or a list of objects)")
+    if opts.text_column is None and data:
+        try:
+            _pick_field_from(path, list(enumerate(data[:50], 1)), opts)
+        except CorpusError as e:
+            raise Skip(f"not a JSON corpus (no text field; name one with --text-column)") from e
     yield from _read_records(path, opts, iter(enumerate(data, 1)))
 
 

@@ -8,9 +8,9 @@ and text of the window in progress are kept, plus a running count of lines.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
-from semsearch.corpus.chunking import Chunk, ChunkSettings, Offsets
+from semsearch.corpus.chunking import Chunk, ChunkSettings, Offsets, window_end
 
 BLOCK_CHARS = 1 << 20
 _WS = (" ", "\n", "\t", "\r")
@@ -33,10 +33,13 @@ def text_blocks(path: Path, block_chars: int | None = None, on_bytes: Callable[[
             yield block
 
 
-def chunk_stream(blocks: Iterator[str], offsets: Offsets, settings: ChunkSettings) -> Iterator[tuple[Chunk, int]]:
+def chunk_stream(blocks: Iterator[str], offsets: Offsets, settings: ChunkSettings,
+                 boundaries: Sequence[int] = ()) -> Iterator[tuple[Chunk, int]]:
     """(chunk, 1-based line of its start) for a text given as blocks; the chunks are those of
-    `chunk_text` over the joined text (offsets are into the whole text)."""
-    W, step = settings.window, settings.window - settings.overlap
+    `chunk_text` over the joined text (offsets are into the whole text). `boundaries` (section
+    starts, sorted character offsets) may grow while the blocks are read: the reader adds those
+    of a block before it yields the block."""
+    W = settings.window
     spans: list[tuple[int, int]] = []  # tokens from the current window's start on, global offsets
     buf, buf_base = "", 0  # tokenized text from spans[0]'s start (or later, when spans is empty)
     carry, carry_base = "", 0  # text read but not tokenized yet (may end inside a word)
@@ -57,11 +60,10 @@ def chunk_stream(blocks: Iterator[str], offsets: Offsets, settings: ChunkSetting
             lines_before += buf.count("\n", 0, cut)
             buf, buf_base = buf[cut:], keep_from
 
-    def emit(i: int) -> tuple[Chunk, int]:
-        w = spans[i : i + W]
-        start, end = w[0][0], w[-1][1]
+    def emit(i: int, j: int) -> tuple[Chunk, int]:
+        start, end = spans[i][0], spans[j - 1][1]
         line = lines_before + buf.count("\n", 0, start - buf_base) + 1
-        return Chunk(buf[start - buf_base : end - buf_base], start, end, len(w)), line
+        return Chunk(buf[start - buf_base : end - buf_base], start, end, j - i), line
 
     for block in blocks:
         carry += block
@@ -74,8 +76,9 @@ def chunk_stream(blocks: Iterator[str], offsets: Offsets, settings: ChunkSetting
         carry, carry_base = carry[cut:], carry_base + cut
         i = 0
         while len(spans) > i + W:  # a full window with tokens after it: not the last one
-            yield emit(i)
-            i += step
+            j, nxt = window_end(spans, i, None, settings, boundaries)
+            yield emit(i, j)
+            i = nxt
         trim(i)
     if carry:
         tokenize(carry, carry_base)
@@ -83,9 +86,8 @@ def chunk_stream(blocks: Iterator[str], offsets: Offsets, settings: ChunkSetting
         carry = ""
     if not spans:
         return
-    i = 0
-    while True:
-        yield emit(i)
-        if i + W >= len(spans):
-            break
-        i += step
+    i: int | None = 0
+    while i is not None:
+        j, i2 = window_end(spans, i, len(spans), settings, boundaries)
+        yield emit(i, j)
+        i = i2
