@@ -13,6 +13,11 @@ WHERE_OPERATORS = {"==": "=", "=": "=", "!=": "!=", ">": ">", ">=": ">=", "<": "
                    "in": "=", "nin": "!=", "not in": "!="}
 
 
+# LangChain's filter operators (as Chroma, PGVector and the in-memory store spell them) -> ours.
+LANGCHAIN_OPERATORS = {"$eq": "==", "$ne": "!=", "$gt": ">", "$gte": ">=", "$lt": "<", "$lte": "<=",
+                       "$in": "in", "$nin": "nin"}
+
+
 def require(module: str, extra: str):
     """Import a framework module, or ImportError naming the extra that installs it."""
     import importlib
@@ -41,6 +46,30 @@ def search_kwargs(retriever, mode: str | None = None, where: dict[str, Any] | No
                 raise InputError(f"`{name}` is not supported by this semsearch version's Retriever")
             out[name] = value
     return out
+
+
+def check_k(k: Any) -> int:
+    """k if it is a positive integer (the number of results), else InputError."""
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise InputError(f"k must be a positive integer, got {k!r}")
+    return k
+
+
+def check_mode(mode: str | None) -> str | None:
+    """mode if it is None or a search mode semsearch knows, else InputError."""
+    if mode is not None:
+        from semsearch.fusion import check_mode as check
+
+        check(mode)
+    return mode
+
+
+def check_where(where: Any) -> Any:
+    """where (a dict, one condition string or a list of them) if semsearch can apply it, else InputError."""
+    from semsearch import filters
+
+    filters.parse(where)
+    return where
 
 
 def search(retriever, queries: list[str], k: int, mode: str | None = None, where: dict[str, Any] | None = None):
@@ -73,3 +102,42 @@ def where_from_comparisons(comparisons: Iterable[tuple[str, str, Any]]) -> dict[
             raise InputError(f"two filters on {field!r} {op} {conds[ours]!r} and {value!r} cannot both hold")
         conds[ours] = list(value) if isinstance(value, tuple) else value
     return {k: (c["="] if list(c) == ["="] else c) for k, c in where.items()}
+
+
+def where_from_langchain(filter: Any) -> Any:
+    """semsearch's `where` from a LangChain metadata filter: {"lang": "en"}, {"year": {"$gte": 2020}},
+    {"tag": {"$in": ["a", "b"]}}, {"$and": [{...}, {...}]} (AND only: $or and $not have no `where`
+    form). semsearch's own forms pass through: a list of conditions ["year>=2020", "lang=en"], one
+    condition string, or a dict whose operators are semsearch's ({"year": {">=": 2020}})."""
+    if filter is None or isinstance(filter, (str, list, tuple)):
+        return filter
+    if not isinstance(filter, dict):
+        raise InputError(f"a filter must be a dict (or semsearch's list of conditions), not {type(filter).__name__}")
+    comparisons: list[tuple[str, str, Any]] = []
+
+    def walk(f: dict[str, Any]) -> None:
+        for key, value in f.items():
+            key = str(key)
+            if key == "$and":
+                if not isinstance(value, (list, tuple)) or not all(isinstance(c, dict) for c in value):
+                    raise InputError(f"$and takes a list of filters, got {value!r}")
+                for c in value:
+                    walk(c)
+            elif key.startswith("$") and key != "$path":
+                raise InputError(f"filter operator {key!r} does not map to semsearch's where (AND of comparisons only)"
+                                 if key in ("$or", "$not", "$nor") else f"unknown filter operator {key!r}")
+            elif isinstance(value, dict):
+                if not value:
+                    raise InputError(f"filter on {key!r}: empty condition")
+                for op, v in value.items():
+                    if op not in LANGCHAIN_OPERATORS and op not in WHERE_OPERATORS:
+                        raise InputError(f"filter operator {op!r} on {key!r} is not supported; supported: "
+                                         f"{', '.join(LANGCHAIN_OPERATORS)}")
+                    comparisons.append((key, LANGCHAIN_OPERATORS.get(op, op), v))
+            elif isinstance(value, (list, tuple)):
+                comparisons.append((key, "in", value))  # any of
+            else:
+                comparisons.append((key, "==", value))
+
+    walk(filter)
+    return where_from_comparisons(comparisons)

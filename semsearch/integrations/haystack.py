@@ -3,13 +3,17 @@
     from semsearch.integrations.haystack import SemsearchRetriever
     retriever = SemsearchRetriever(index="indexes/default", top_k=4)
     retriever.run(query="loan approval")["documents"]       # list[haystack.Document]
+    await retriever.run_async(query="loan approval")      # the same, off the event loop (AsyncPipeline)
 """
 from __future__ import annotations
 
+import asyncio
 import os
 from typing import Any
 
-from semsearch.integrations.common import hit_metadata, open_retriever, require, search, where_from_comparisons
+from semsearch.errors import InputError
+from semsearch.integrations.common import (check_k, check_mode, check_where, hit_metadata, open_retriever, require, search,
+                                           where_from_comparisons)
 
 require("haystack", "haystack")
 
@@ -25,8 +29,8 @@ class SemsearchRetriever:
     def __init__(self, index: str | None = None, top_k: int = 10, mode: str | None = None,
                  filters: dict[str, Any] | None = None, device: str = "auto", retriever=None):
         self.index = None if index is None else os.fspath(index)
-        self.top_k = top_k
-        self.mode = mode
+        self.top_k = check_k(top_k)
+        self.mode = check_mode(mode)
         self.filters = filters
         self.device = device
         self._retriever = retriever
@@ -44,17 +48,40 @@ class SemsearchRetriever:
         return default_from_dict(cls, data)
 
     @component.output_types(documents=list[Document])
-    def run(self, query: str, filters: dict[str, Any] | None = None, top_k: int | None = None) -> dict[str, list[Document]]:
+    def run(self, query: str, filters: dict[str, Any] | None = None, top_k: int | None = None,
+            mode: str | None = None, where: Any = None) -> dict[str, list[Document]]:
+        """The top_k best chunks for query. `filters` (Haystack's) or `where` (semsearch's; not
+        both), `top_k` and `mode` given here win over the component's own."""
+        k, mode, where = self._args(filters, top_k, mode, where)
         self.warm_up()
-        f = filters if filters is not None else self.filters
-        hits = search(self._retriever, [query], top_k or self.top_k, self.mode, where_from_haystack(f) if f else None)[0]
+        return self._run(query, k, mode, where)
+
+    @component.output_types(documents=list[Document])
+    async def run_async(self, query: str, filters: dict[str, Any] | None = None, top_k: int | None = None,
+                        mode: str | None = None, where: Any = None) -> dict[str, list[Document]]:
+        """run() for AsyncPipeline: the search (and, the first time, loading the index) runs on a
+        worker thread, not on the event loop."""
+        k, mode, where = self._args(filters, top_k, mode, where)
+        if self._retriever is None:
+            await asyncio.to_thread(self.warm_up)
+        return await asyncio.to_thread(self._run, query, k, mode, where)
+
+    def _args(self, filters, top_k, mode, where) -> tuple[int, str | None, Any]:
+        if filters is not None and where is not None:
+            raise InputError("give `filters` or `where`, not both")
+        if where is None:
+            f = filters if filters is not None else self.filters
+            where = where_from_haystack(f) if f else None
+        return (check_k(self.top_k if top_k is None else top_k), check_mode(mode if mode is not None else self.mode),
+                None if where is None else check_where(where))
+
+    def _run(self, query: str, k: int, mode: str | None, where: Any) -> dict[str, list[Document]]:
+        hits = search(self._retriever, [query], k, mode, where)[0]
         return {"documents": [Document(id=str(h.id), content=h.text, meta=hit_metadata(h), score=h.score) for h in hits]}
 
 
 def where_from_haystack(filters: dict[str, Any]) -> dict[str, Any]:
     """semsearch's `where` from Haystack 2 filters (a comparison, or AND of comparisons)."""
-    from semsearch.errors import InputError
-
     if "operator" not in filters:
         return dict(filters)  # already a where dict
     comparisons: list[tuple[str, str, Any]] = []
