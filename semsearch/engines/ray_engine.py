@@ -37,6 +37,42 @@ def _chunk_task(job: dict, spec: EncodeSpec) -> list[dict]:
     return chunk_file(job, spec, offsets_for(spec))
 
 
+AUTH_MARKERS = ("InvalidAuthToken", "Unauthenticated", "authentication token", "AuthenticationError")
+
+
+def _auth_refused(exc: BaseException) -> bool:
+    """Whether a failed ray.init() was the cluster refusing this process for want of its token.
+
+    Ray (2.52+) with token authentication on (`ray start` turns it on where a token file exists)
+    refuses a driver that sends no token or the wrong one. ray.init() then retries for about 20 s
+    and raises ConnectionError("Failed to connect to Ray cluster at ..."), whose cause is a
+    RuntimeError carrying the last attempt's traceback: ray.exceptions.AuthenticationError
+    ("RPC error: InvalidAuthToken: Authentication token is missing or incorrect")."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if type(e).__name__ == "AuthenticationError" or any(m in str(getattr(e, "message", "") or e) for m in AUTH_MARKERS):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def connect_error(address: str | None, exc: BaseException) -> InputError:
+    """The error to show for a ray.init() that failed with `exc`: what to set when the cluster
+    wants a token, else Ray's own first line."""
+    where = f"the Ray cluster at {address!r}" if address else "a new local Ray cluster"
+    if _auth_refused(exc):
+        tokens = ("the cluster's token in RAY_AUTH_TOKEN, or in a file named by RAY_AUTH_TOKEN_PATH "
+                  "(default ~/.ray/auth_token; `ray get-auth-token` on the head node prints it)")
+        if os.environ.get("RAY_AUTH_MODE", "").lower() == "token":
+            return InputError(f"{where} refused this process's token (token authentication): set {tokens}")
+        return InputError(f"{where} uses token authentication and this process sent no token: "
+                          f"set RAY_AUTH_MODE=token and {tokens}")
+    first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return InputError(f"cannot connect to {where}: {first}")
+
+
 class EmbedActor:
     """One model replica: encodes batches of rows (pyarrow tables) on its GPU or CPU."""
 
@@ -77,8 +113,8 @@ class RayEngine:
         kwargs = {"address": self.address} if self.address else {"num_cpus": self.num_cpus}
         try:
             ray.init(include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False, **kwargs)
-        except (ConnectionError, ValueError, RuntimeError) as e:
-            raise InputError(f"cannot connect to the Ray cluster at {self.address!r}: {e}") from e
+        except (ConnectionError, ValueError, RuntimeError, ray.exceptions.RayError) as e:
+            raise connect_error(self.address, e) from e
         return ray, True
 
     def run(self, jobs: list[FileJob], spec: EncodeSpec, staging: Path) -> dict:
