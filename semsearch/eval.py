@@ -312,11 +312,15 @@ def _settings(encoder, data: BeirData) -> dict[str, Any]:
     }
 
 
-def evaluate_index(data: BeirData, retriever, ks: Sequence[int] = DEFAULT_KS, id_field: str = "_id") -> EvalReport:
+def evaluate_index(data: BeirData, retriever, ks: Sequence[int] = DEFAULT_KS, id_field: str = "_id",
+                   modes: Sequence[str] = ("dense",), fusion: str = "convex", alpha: float | None = None) -> EvalReport:
     """Metrics of an existing index as built (its model, pooling, head, index type), with the
-    index's recall@k against exact search over its own stored vectors.
+    index's recall@k against exact search over its own stored vectors. `modes` other than dense
+    (lexical, hybrid) are searched as Retriever.search searches them, a row each.
 
-    Chunks map to BEIR documents through the metadata field `id_field`; a document scores its best chunk.
+    Chunks map to BEIR documents through the metadata field `id_field`, or, for a chunk of a
+    whole file without it (a PDF, an HTML page), through the file's name: `<doc id>.pdf`.
+    A document scores its best chunk.
     """
     t0 = time.perf_counter()
     from semsearch.search import encode_queries
@@ -347,16 +351,32 @@ def evaluate_index(data: BeirData, retriever, ks: Sequence[int] = DEFAULT_KS, id
     for k in ks:
         a, e = approx_i[:, :k], exact_i[:, :k]
         rep.rows[0][f"ann_recall@{k}"] = round(float(np.mean([len(set(x) & set(y)) / max(len(set(y)), 1) for x, y in zip(a, e)])), 4)
+    for mode in [m for m in modes if m != "dense"]:
+        run = {}
+        for q, hits in zip(data.query_ids, retriever.search_batch(data.query_texts, per_chunk, mode=mode, fusion=fusion, alpha=alpha)):
+            best = {}
+            for h in hits:
+                d = doc_of.get(h.id)
+                if d is not None and d != q and h.score > best.get(d, -2.0):
+                    best[d] = float(h.score)
+            run[q] = best
+        m = trec_metrics(data.qrels, run, ks, data.zero_queries)
+        rep.rows.append({"pooling": retriever.manifest.pooling, "search": mode, **{k: round(v, 2) for k, v in m.items()}})
     rep.seconds = {"total": round(time.perf_counter() - t0, 2)}
     return rep
 
 
+DOCUMENT_NAMED_EXTS = {".pdf", ".html", ".htm", ".xhtml", ".docx", ".txt", ".md"}
+
+
 def _chunk_doc_ids(retriever, id_field: str) -> dict[int, str]:
     out = {}
-    for cid, meta in retriever.docs.db.execute("SELECT id, metadata FROM chunks"):
+    for cid, meta, row, path in retriever.docs.db.execute("SELECT c.id, c.metadata, c.row, f.path FROM chunks c JOIN files f ON f.id = c.file_id"):
         m = json.loads(meta) if meta else {}
         if id_field in m:
             out[cid] = str(m[id_field])
+        elif row is None and Path(path).suffix.lower() in DOCUMENT_NAMED_EXTS:
+            out[cid] = Path(path).stem  # one file a document, named by its id
     if not out:
         raise InputError(f"{retriever.folder}: no chunk carries a {id_field!r} metadata field; index the dataset's corpus.jsonl to evaluate it")
     return out
