@@ -372,10 +372,8 @@ def eval_(dataset, split, pooling, heads, model, ks, index, pairs, pair_columns,
 
         if dataset is None:
             raise InputError("--index needs a BEIR dataset folder to evaluate against")
-        if modes and modes != ["dense"]:
-            raise InputError("--mode lexical/hybrid evaluates exact search on the dataset itself; drop --index to use it")
         data = _subset(ev.load_beir(dataset, split), max_queries, max_docs)
-        rep = ev.evaluate_index(data, Retriever.load(index, device=device), cutoffs)
+        rep = ev.evaluate_index(data, Retriever.load(index, device=device), cutoffs, modes=modes or ["dense"], fusion=fusion, alpha=alpha)
         report = rep.to_dict()
     else:
         enc = _eval_encoder(model, pooling, heads, device, precision, max_length)
