@@ -266,12 +266,17 @@ def _pdf(path: Path, on_bytes: Callable[[int], None] | None) -> Extracted:
         marks.title = " ".join(str(info.get("Title", "")).split()) or None
         stack: list[tuple[int, str]] = []
         for item in pdf.get_toc(max_depth=6):
-            if item.page_index is None:
+            if hasattr(item, "get_title"):  # pypdfium2 5: bookmark objects
+                dest = item.get_dest()
+                title, index = item.get_title(), dest.get_index() if dest is not None else None
+            else:  # pypdfium2 4: named tuples
+                title, index = item.title, item.page_index
+            if index is None:
                 continue
             while stack and stack[-1][0] >= item.level:
                 stack.pop()
-            stack.append((item.level, " ".join((item.title or "").split())))
-            marks.outline.append((item.page_index + 1, " > ".join(t for _, t in stack)))
+            stack.append((item.level, " ".join((title or "").split())))
+            marks.outline.append((index + 1, " > ".join(t for _, t in stack)))
         marks.outline.sort(key=lambda t: t[0])
     except Exception as e:  # noqa: BLE001 - a bad outline or info dictionary loses only the titles
         log.info("%s: no outline or title (%s)", path, e)
@@ -289,25 +294,32 @@ def _page_lines(pdf, i: int) -> list[str]:
             tp.close()
     finally:
         page.close()
+    # PDFium marks a hyphen that ends a line as \x02 and joins the next line to it: a word
+    # broken there is whole again; before anything else (a footer's page number), the hyphen
+    # and the line break come back.
+    raw = re.sub(r"(?<=[^\W\d_])\x02(?=[^\W\d_])", "", raw).replace("\x02", "-\n")
     return raw.replace("\r\n", "\n").replace("\r", "\n").split("\n")
 
 
-def _edge_keys(lines: list[str]) -> set[str]:
-    """The first and last two non-blank lines of a page, digits folded: running headers and
-    footers repeat these from page to page (with another page number)."""
-    full = [ln for ln in lines if ln.strip()]
-    return {re.sub(r"\d+", "#", " ".join(ln.split())).lower() for ln in full[:2] + full[-2:]}
-
-
-def _clean_page(lines: list[str], neighbours: set[str]) -> str:
-    """A page's text without its running header / footer lines and bare page numbers, with
-    words hyphenated at line ends joined again."""
+def _edge_keys(lines: list[str]) -> set[tuple[int, str]]:
+    """The first and last two non-blank lines of a page by position, digits folded: running
+    headers and footers repeat these from page to page (with another page number)."""
     full = [k for k, ln in enumerate(lines) if ln.strip()]
-    drop = set()
-    for k in full[:2] + full[-2:]:
-        key = re.sub(r"\d+", "#", " ".join(lines[k].split())).lower()
-        if _PAGE_NO.match(lines[k]) or key in neighbours:
-            drop.add(k)
+    edges = list(zip((0, 1), full[:2])) + list(zip((-1, -2), full[::-1][:2]))
+    return {(pos, _fold(lines[k])) for pos, k in edges}
+
+
+def _fold(line: str) -> str:
+    return re.sub(r"\d+", "#", " ".join(line.split())).lower()
+
+
+def _clean_page(lines: list[str], neighbours: set[tuple[int, str]]) -> str:
+    """A page's text without its running header / footer lines (the same line, digits aside,
+    at the same place on the page before or after) and bare page numbers, with words
+    hyphenated at line ends joined again."""
+    full = [k for k, ln in enumerate(lines) if ln.strip()]
+    edges = list(zip((0, 1), full[:2])) + list(zip((-1, -2), full[::-1][:2]))
+    drop = {k for pos, k in edges if _PAGE_NO.match(lines[k]) or (pos, _fold(lines[k])) in neighbours}
     text = "\n".join(ln.rstrip() for k, ln in enumerate(lines) if k not in drop).strip()
     text = _HYPHEN_BREAK.sub("", text)
     return text.replace("\x02", "").replace("\u00ad", "").replace("\x00", "")
@@ -318,7 +330,7 @@ def _pdf_blocks(pdf, path: Path, n: int, marks: Marks, on_bytes, size: int) -> I
     offset = empty = 0
     done_bytes = 0
     try:
-        prev_keys: set[str] = set()
+        prev_keys: set[tuple[int, str]] = set()
         cur = _page_lines(pdf, 0)
         cur_keys = _edge_keys(cur)
         pending = ""  # the end of the previous page when it ended in a hyphenated word

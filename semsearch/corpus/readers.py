@@ -268,6 +268,8 @@ def _read_json(path: Path, opts: ReadOptions) -> Iterator[Document]:
     # A .json in a folder is often not a corpus (a site's settings, a search index, a manifest):
     # one that is not records with a text field is skipped with a warning, not a stop.
     if isinstance(data, dict):
+        if opts.text_column is None and not {str(k).lower() for k in data} & set(TEXT_FIELD_NAMES):
+            raise Skip("not a JSON corpus (an object with no text field; name one with --text-column)")
         data = [data]
     if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
         raise Skip("not a JSON corpus (expected a JSON object or a list of objects)")
