@@ -1,4 +1,4 @@
-"""Metadata filters: `where` conditions -> the SQL that selects the chunk ids they allow.
+"""Metadata filters: `where` conditions -> the chunks they let through.
 
 Conditions (all must hold):
 - `key=value`, `key!=value`: a metadata field equals (or not) the value; "2020" matches the
@@ -9,13 +9,17 @@ Conditions (all must hold):
 
 In Python, `where` is a list of such strings, one string, or a dict: `{"lang": "en"}`,
 `{"lang": ["en", "de"]}` (any of), `{"year": {">=": 2020, "<": 2024}}`, `{"$path": "docs/*.md"}`.
-The filter runs in SQLite before the vector search (pre-filtering): its ids are handed to FAISS
-as an ID selector, or scored exactly from the stored vectors when they are few.
+The filter runs before the ranking (pre-filtering), in memory: each metadata field a filter names
+is read once per index generation (an equality map and sorted numbers), so a condition costs what
+it selects, not a scan of every chunk. The chunks it lets through are handed to FAISS as an ID
+bitmap and to BM25 as a row mask, or scored exactly when they are few. Nothing runs inside SQLite
+but plain SELECTs, so filtered searches are safe from any number of threads.
 """
 from __future__ import annotations
 
 import re
-import sqlite3
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,35 +31,190 @@ OPS = ("=", "!=", ">=", "<=", ">", "<")
 _COND = re.compile(r"^\s*([^=!<>]+?)\s*(!=|>=|<=|=|>|<)\s*(.*?)\s*$", re.S)
 
 
+@dataclass(frozen=True)
+class Condition:
+    """One condition: kind 'eq' / 'ne' (values: the stored forms that count as equal), 'num'
+    (op and a number), or 'path' (two SQLite GLOB patterns)."""
+
+    kind: str
+    key: str
+    op: str
+    values: tuple
+
+
 @dataclass
 class Filter:
-    """A compiled `where`: SQL over `chunks c JOIN files f` and its parameters."""
+    """A compiled `where`: conditions that must all hold."""
 
-    clauses: list[str] = field(default_factory=list)
-    params: list[Any] = field(default_factory=list)
+    conditions: list[Condition] = field(default_factory=list)
     text: list[str] = field(default_factory=list)  # the conditions as given, for messages
 
-    def sql(self) -> tuple[str, list[Any]]:
-        """('SELECT c.id FROM ... WHERE ...', params) selecting the allowed chunk ids."""
-        where = " AND ".join(self.clauses) or "1"
-        return f"SELECT c.id FROM chunks c JOIN files f ON f.id = c.file_id WHERE {where}", list(self.params)
+    def select(self, docs) -> "Selection":
+        """The chunks of docstore `docs` (one generation) that pass."""
+        return _Columns.of(docs).select(self)
 
-    def ids(self, db: sqlite3.Connection) -> np.ndarray:
+    def ids(self, docs) -> np.ndarray:
         """The allowed chunk ids, sorted (int64)."""
-        register(db)
-        sql, params = self.sql()
-        try:
-            rows = db.execute(sql + " ORDER BY c.id", params).fetchall()
-        except sqlite3.DatabaseError as e:
-            if "malformed" in str(e) or "not a database" in str(e):
-                from semsearch.errors import IndexFormatError
-
-                raise IndexFormatError(f"the docstore is damaged ({e}); rebuild the index with --rebuild") from e
-            raise InputError(f"cannot apply filter {' AND '.join(self.text)}: {e}") from e
-        return np.array([r[0] for r in rows], np.int64)
+        return self.select(docs).ids
 
     def __str__(self) -> str:
         return " AND ".join(self.text)
+
+
+class Selection:
+    """The chunks a filter lets through, as a boolean mask over chunk ids (index = id), with the
+    forms each consumer wants made once: sorted ids, a faiss ID-selector bitmap, a mask over the
+    rows of the lexical index."""
+
+    def __init__(self, mask: np.ndarray):
+        mask.flags.writeable = False
+        self.mask = mask
+        self.count = int(np.count_nonzero(mask))
+        self._ids: np.ndarray | None = None
+        self._bitmap: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return self.count
+
+    @property
+    def ids(self) -> np.ndarray:
+        if self._ids is None:
+            self._ids = np.flatnonzero(self.mask).astype(np.int64)
+        return self._ids
+
+    @property
+    def bitmap(self) -> np.ndarray:
+        """The mask as faiss.IDSelectorBitmap wants it: bit i of byte i // 8 is id i."""
+        if self._bitmap is None:
+            self._bitmap = np.packbits(self.mask, bitorder="little")
+        return self._bitmap
+
+    def rows(self, row_ids: np.ndarray) -> np.ndarray:
+        """A boolean mask over rows holding the given (sorted) chunk ids."""
+        inside = row_ids < len(self.mask)
+        if inside.all():
+            return self.mask[row_ids]
+        out = np.zeros(len(row_ids), bool)
+        out[inside] = self.mask[row_ids[inside]]
+        return out
+
+
+class _KeyColumn:
+    """One metadata field over all chunks: an inverted map (stored value -> ids) for equality, and
+    the numeric values sorted (with their ids) for ranges. Built once per generation and field."""
+
+    def __init__(self, ids: np.ndarray, values: list[Any]):
+        groups: dict[Any, list[int]] = {}
+        for i, v in zip(ids.tolist(), values):
+            groups.setdefault(v, []).append(i)
+        self.eq = {v: np.array(g, np.int64) for v, g in groups.items()}
+        nums = np.array([np.nan if (n := _num(v)) is None else n for v in values], np.float64)
+        ok = ~np.isnan(nums)
+        order = np.argsort(nums[ok], kind="stable")
+        self.num_sorted = nums[ok][order]
+        self.num_ids = ids[ok][order]
+
+    def equal(self, values: tuple) -> list[np.ndarray]:
+        seen: set[int] = set()
+        out = []
+        for v in values:
+            a = self.eq.get(v)
+            if a is not None and id(a) not in seen:  # 2020 and 2020.0 find the same group
+                seen.add(id(a))
+                out.append(a)
+        return out
+
+    def compare(self, op: str, n: float) -> np.ndarray:
+        s = self.num_sorted
+        if op == ">=":
+            return self.num_ids[np.searchsorted(s, n, "left"):]
+        if op == ">":
+            return self.num_ids[np.searchsorted(s, n, "right"):]
+        if op == "<=":
+            return self.num_ids[: np.searchsorted(s, n, "right")]
+        return self.num_ids[: np.searchsorted(s, n, "left")]
+
+
+class _Columns:
+    """A generation's chunks in the forms filters need, kept in memory with that docstore: the
+    live ids, each chunk's file, and each metadata field a filter has named.
+
+    Why by hand: filters used to run as SQL with a Python function inside SQLite, scanning every
+    chunk's JSON on every search (and registering that function on a connection shared by threads
+    deadlocked). Here a field is read once per generation, by SQLite's own json_extract, and then a
+    condition costs what it selects: a dict lookup for equality, a binary search for a range."""
+
+    CACHE = 16  # recent filters' selections, per generation
+
+    def __init__(self, docs):
+        self.docs = docs
+        ids, self.file_ids = docs.chunk_files()
+        self.ids = ids
+        self.size = int(ids[-1]) + 1 if len(ids) else 0
+        self.live = np.zeros(self.size, bool)
+        self.live[ids] = True
+        self.live.flags.writeable = False
+        self._by_file = np.argsort(self.file_ids, kind="stable")
+        self._files_sorted = self.file_ids[self._by_file]
+        self._keys: dict[str, _KeyColumn] = {}
+        self._lock = threading.Lock()
+        self._recent: OrderedDict[tuple, Selection] = OrderedDict()
+
+    @classmethod
+    def of(cls, docs) -> "_Columns":
+        return docs.memo("filter-columns", lambda: cls(docs))
+
+    def key(self, key: str) -> _KeyColumn:
+        col = self._keys.get(key)
+        if col is None:
+            with self._lock:  # one build per field, however many threads ask at once
+                col = self._keys.get(key)
+                if col is None:
+                    col = self._keys[key] = _KeyColumn(*self.docs.metadata_values(_path(key)))
+        return col
+
+    def select(self, f: Filter) -> Selection:
+        sig = tuple(f.conditions)
+        with self._lock:
+            hit = self._recent.get(sig)
+            if hit is not None:
+                self._recent.move_to_end(sig)
+                return hit
+        mask: np.ndarray | None = None
+        for c in f.conditions:
+            m = self._condition(c)
+            mask = m if mask is None else np.logical_and(mask, m, out=mask)
+        sel = Selection(mask if mask is not None else self.live.copy())
+        with self._lock:
+            self._recent[sig] = sel
+            while len(self._recent) > self.CACHE:
+                self._recent.popitem(last=False)
+        return sel
+
+    def _condition(self, c: Condition) -> np.ndarray:
+        """A fresh boolean mask over chunk ids: the chunks that pass c."""
+        if c.kind == "path":
+            files = self.docs.files_matching(list(c.values))
+            m = np.zeros(self.size, bool)
+            lo = np.searchsorted(self._files_sorted, files, "left")
+            hi = np.searchsorted(self._files_sorted, files, "right")
+            for a, b in zip(lo.tolist(), hi.tolist()):
+                m[self.ids[self._by_file[a:b]]] = True
+            return m
+        col = self.key(c.key)
+        if c.kind == "num":
+            m = np.zeros(self.size, bool)
+            m[col.compare(c.op, c.values[0])] = True
+            return m
+        if c.kind == "eq":
+            m = np.zeros(self.size, bool)
+            for a in col.equal(c.values):
+                m[a] = True
+            return m
+        m = self.live.copy()  # ne: every chunk but the equal ones (also those without the field)
+        for a in col.equal(c.values):
+            m[a] = False
+        return m
 
 
 def _num(x: Any) -> float | None:
@@ -68,10 +227,6 @@ def _num(x: Any) -> float | None:
         return float(str(x).strip())
     except ValueError:
         return None
-
-
-def register(db: sqlite3.Connection) -> None:
-    db.create_function("semsearch_num", 1, _num, deterministic=True)
 
 
 def _path(key: str) -> str:
@@ -103,22 +258,19 @@ def _condition(f: Filter, key: str, op: str, value: Any, shown: str) -> None:
         pattern = str(value)
         if not pattern:
             raise InputError("filter 'path:': give a glob, e.g. path:*.md")
-        f.clauses.append("(f.path GLOB ? OR f.path GLOB ?)")
-        f.params += [pattern, "*/" + pattern.lstrip("/")]
+        f.conditions.append(Condition("path", "$path", "=", (pattern, "*/" + pattern.lstrip("/"))))
     elif op in ("=", "!="):
         values = [v for x in (value if isinstance(value, (list, tuple)) else [value]) for v in _literal(x)]
         if not values:
             raise InputError(f"filter {shown!r}: no values")
-        marks = ",".join("?" * len(values))
-        expr = f"json_extract(c.metadata, ?) IN ({marks})"
-        f.clauses.append(f"({expr})" if op == "=" else f"(c.metadata IS NULL OR json_extract(c.metadata, ?) IS NULL OR NOT ({expr}))")
-        f.params += ([_path(key)] if op == "!=" else []) + [_path(key)] + values
+        _path(key)  # checks the name
+        f.conditions.append(Condition("eq" if op == "=" else "ne", key, op, tuple(values)))
     else:
         n = _num(value)
         if n is None:
             raise InputError(f"filter {shown!r}: {op} needs a number, got {value!r}")
-        f.clauses.append(f"semsearch_num(json_extract(c.metadata, ?)) {op} ?")
-        f.params += [_path(key), n]
+        _path(key)
+        f.conditions.append(Condition("num", key, op, (n,)))
     f.text.append(shown)
 
 

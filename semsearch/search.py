@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -16,6 +17,7 @@ from semsearch.store.folder import index_path, open_index
 from semsearch.store.integrity import manifest_stamp
 
 EXACT_BELOW = 4096  # a filter allowing fewer chunks is scored exactly from the stored vectors
+_REFRESH = threading.Lock()  # one reopen at a time
 
 
 @dataclass
@@ -69,9 +71,7 @@ class Retriever:
 
     def __init__(self, folder: Path, manifest, vectors, docs, encoder):
         self.folder = Path(folder)
-        self.manifest = manifest
-        self.vectors = vectors
-        self.docs = docs
+        self._gen = _Generation(manifest, vectors, docs)
         self.encoder = encoder
         self.auto_refresh = True  # search() picks up a new generation (one stat of manifest.json a call)
         self._stamp = manifest_stamp(self.folder)
@@ -111,25 +111,55 @@ class Retriever:
             )
         return cls(folder, m, vectors, docs, encoder)
 
+    # One generation's manifest, vectors and docstore travel together: a search takes them once
+    # and keeps them to its end, so a refresh in another thread never mixes two generations.
+    @property
+    def manifest(self):
+        return self._gen.manifest
+
+    @property
+    def vectors(self):
+        return self._gen.vectors
+
+    @property
+    def docs(self):
+        return self._gen.docs
+
     def __len__(self) -> int:
-        return self.vectors.ntotal
+        return self._gen.vectors.ntotal
 
     def refresh(self) -> bool:
         """Open the index's current generation if a writer published a new one since this
         Retriever loaded it; gives back True when it did. The encoder is kept (a new generation
         with other model weights or pooling is refused). search() calls this on its own while
         `auto_refresh` is on: a stat of manifest.json, a few microseconds."""
-        from semsearch.store.refresh import reopen
-
-        if reopen(self):
-            self.__dict__.pop("_lex", None)  # the lexical side of the old generation
+        with _REFRESH:
+            stamp = manifest_stamp(self.folder)
+            if stamp == self._stamp:
+                return False
+            old = self._gen
+            m, vectors, docs = open_index(self.folder, getattr(old.vectors, "device", "cpu"))
+            if m.generation == old.manifest.generation and m.files == old.manifest.files:
+                docs.close()
+                self._stamp = stamp
+                return False
+            enc = self.encoder
+            if m.model_fingerprint != enc.fingerprint or m.pooling != enc.pooling or \
+                    (m.head or {}).get("fingerprint") != (old.manifest.head or {}).get("fingerprint"):
+                docs.close()
+                raise SettingsMismatch(
+                    f"{self.folder} was rebuilt with other settings (model {m.model} {m.model_fingerprint}, pooling "
+                    f"{m.pooling!r}); load a new Retriever for it")
+            # The old generation is left to the garbage collector rather than closed: a search
+            # running in another thread finishes on it (its files stay readable after the writer
+            # removes them).
+            self._gen, self._stamp = _Generation(m, vectors, docs), stamp
             return True
-        return False
 
     @property
     def default_mode(self) -> str:
         """hybrid where the index has its lexical side (measured best on SciFact), else dense."""
-        return "hybrid" if self._lexical(required=False) is not None else "dense"
+        return "hybrid" if self._gen.lexical(self.folder, required=False) is not None else "dense"
 
     def search(self, query: str, k: int = 10, mode: str | None = None, where: Any = None,
                fusion: str = "convex", alpha: float | None = None) -> list[Hit]:
@@ -156,127 +186,155 @@ class Retriever:
                 raise InputError(f"query {i + 1} is empty" if len(queries) > 1 else "the query is empty")
         if not isinstance(k, int) or k < 1:
             raise InputError(f"k must be a positive integer, got {k!r}")
-        mode = fusion_.check_mode(mode or self.default_mode)
+        if self.auto_refresh and manifest_stamp(self.folder) != self._stamp:
+            self.refresh()
+        g = self._gen
+        mode = fusion_.check_mode(mode or ("hybrid" if g.lexical(self.folder, required=False) is not None else "dense"))
         fusion_.check_fusion(fusion)
         if not queries:
             return []
-        if self.auto_refresh and manifest_stamp(self.folder) != self._stamp:
-            self.refresh()
         flt = filters.parse(where)
-        allowed = flt.ids(self.docs.db) if flt is not None else None
+        allowed = flt.select(g.docs) if flt is not None else None
         if allowed is not None and not len(allowed):
             return [[] for _ in queries]
         if mode == "lexical":
-            lex = self._lexical()
-            mask = lex.mask(allowed) if allowed is not None else None
+            lex = g.lexical(self.folder)
+            mask = allowed.rows(lex.ids) if allowed is not None else None
             found = [[(i, s, None, s) for i, s in lex.search(q, k, mask)] for q in queries]
-            return self._hits(found, mode)
+            return _hits(g, found, mode)
         warn_truncated(self.encoder, queries)
         qv = encode_queries(self.encoder, list(queries))
         if mode == "dense":
-            scores, ids = self._dense(qv, k, allowed)
-            return self._hits(_dense_found(scores, ids), mode)
-        return self._hits(self._hybrid(queries, qv, k, allowed, fusion, fusion_.ALPHA if alpha is None else alpha), mode)
+            scores, ids = _dense(g, qv, k, allowed)
+            return _hits(g, _dense_found(scores, ids), mode)
+        found = _hybrid(g, g.lexical(self.folder), queries, qv, k, allowed, fusion,
+                        fusion_.ALPHA if alpha is None else alpha)
+        return _hits(g, found, mode)
 
     def search_vectors(self, qv: np.ndarray, k: int = 10, where: Any = None) -> list[list[Hit]]:
         """Dense hits for query vectors (n, d), already normalised."""
+        g = self._gen
         flt = filters.parse(where)
-        allowed = flt.ids(self.docs.db) if flt is not None else None
+        allowed = flt.select(g.docs) if flt is not None else None
         if allowed is not None and not len(allowed):
             return [[] for _ in range(len(qv))]
-        scores, ids = self._dense(qv, k, allowed)
-        return self._hits(_dense_found(scores, ids), "dense")
+        scores, ids = _dense(g, qv, k, allowed)
+        return _hits(g, _dense_found(scores, ids), "dense")
 
-    # ---- the two sides and their fusion ------------------------------------------------------
     def _lexical(self, required: bool = True):
-        if not hasattr(self, "_lex"):
-            self._lex = self.docs.lexical()
+        return self._gen.lexical(self.folder, required)
+
+    def close(self) -> None:
+        self._gen.docs.close()
+
+
+class _Generation:
+    """One generation of an index as a Retriever reads it: manifest, vector index, docstore and
+    (loaded on first use, once) the BM25 index of its chunks."""
+
+    def __init__(self, manifest, vectors, docs):
+        self.manifest, self.vectors, self.docs = manifest, vectors, docs
+        self._lex_lock = threading.Lock()
+        self._lex_loaded = False
+        self._lex = None
+
+    def lexical(self, folder: Path, required: bool = True):
+        if not self._lex_loaded:
+            with self._lex_lock:
+                if not self._lex_loaded:
+                    self._lex = self.docs.lexical()
+                    self._lex_loaded = True
         if self._lex is None and required:
-            raise InputError(f"{self.folder} was built before lexical search; run `semsearch index CORPUS --index {self.folder}` "
+            raise InputError(f"{folder} was built before lexical search; run `semsearch index CORPUS --index {folder}` "
                              "once to add it (nothing is re-encoded), or use --mode dense")
         return self._lex
 
-    def _dense(self, qv: np.ndarray, k: int, allowed: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-        """(scores (n, k), ids (n, k)) by cosine, only among `allowed` ids where given (pre-filter)."""
-        if allowed is None:
-            return self.vectors.search(qv, k)
-        if len(allowed) <= EXACT_BELOW:
-            return self._exact(qv, k, allowed)
-        scores, ids = self.vectors.search_filtered(qv, k, allowed)
-        short = (ids >= 0).sum(1) < min(k, len(allowed))  # an approximate index missed some: be exact
-        if short.any():
-            es, ei = self._exact(qv[short], k, allowed)
-            scores, ids = _pad(scores, k, -np.inf), _pad(ids, k, -1)
-            scores[short], ids[short] = es, ei
-        return scores, ids
 
-    def _exact(self, qv: np.ndarray, k: int, allowed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Exact top k among the allowed ids, from the vectors stored in the docstore."""
-        ids, vecs = self.docs.get_vectors(allowed)
-        k_ = min(k, len(ids))
-        scores = np.full((len(qv), k), -np.inf, np.float32)
-        out = np.full((len(qv), k), -1, np.int64)
-        if not k_:
-            return scores, out
-        s = np.asarray(qv, np.float32) @ vecs.T  # (n, m)
-        top = np.argpartition(-s, k_ - 1, axis=1)[:, :k_]
-        ts = np.take_along_axis(s, top, 1)
-        order = np.argsort(-ts, axis=1, kind="stable")
-        scores[:, :k_] = np.take_along_axis(ts, order, 1)
-        out[:, :k_] = ids[np.take_along_axis(top, order, 1)]
+# ---- the two sides and their fusion, over one generation ----------------------------------------
+def _dense(g: _Generation, qv: np.ndarray, k: int, allowed) -> tuple[np.ndarray, np.ndarray]:
+    """(scores (n, k), ids (n, k)) by cosine, only among the `allowed` selection where given (pre-filter)."""
+    if allowed is None:
+        return g.vectors.search(qv, k)
+    if len(allowed) <= EXACT_BELOW:
+        return _exact(g, qv, k, allowed.ids)
+    scores, ids = g.vectors.search_filtered(qv, k, allowed)
+    short = (ids >= 0).sum(1) < min(k, len(allowed))  # an approximate index missed some: be exact
+    if short.any():
+        es, ei = _exact(g, qv[short], k, allowed.ids)
+        scores, ids = _pad(scores, k, -np.inf), _pad(ids, k, -1)
+        scores[short], ids[short] = es, ei
+    return scores, ids
+
+
+def _exact(g: _Generation, qv: np.ndarray, k: int, allowed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Exact top k among the allowed ids: from the vectors the index holds in memory where it
+    keeps them whole, else from the docstore."""
+    vecs = g.vectors.reconstruct(allowed)
+    ids = allowed
+    if vecs is None:
+        ids, vecs = g.docs.get_vectors(allowed)
+    k_ = min(k, len(ids))
+    scores = np.full((len(qv), k), -np.inf, np.float32)
+    out = np.full((len(qv), k), -1, np.int64)
+    if not k_:
         return scores, out
+    s = np.asarray(qv, np.float32) @ vecs.T  # (n, m)
+    top = np.argpartition(-s, k_ - 1, axis=1)[:, :k_]
+    ts = np.take_along_axis(s, top, 1)
+    order = np.argsort(-ts, axis=1, kind="stable")
+    scores[:, :k_] = np.take_along_axis(ts, order, 1)
+    out[:, :k_] = ids[np.take_along_axis(top, order, 1)]
+    return scores, out
 
-    def _hybrid(self, queries, qv, k, allowed, fusion, alpha):
-        """[(id, fused, cosine, bm25)] per query: the union of both sides' top DEPTH, each
-        candidate scored exactly on both sides, fused, best k."""
-        lex = self._lexical()
-        depth = max(k, fusion_.DEPTH)
-        mask = lex.mask(allowed) if allowed is not None else None
-        dscores, dids = self._dense(qv, depth, allowed)
-        out = []
-        for q, v, ds, di in zip(queries, qv, dscores, dids):
-            acc = lex.score_all(q)
-            lids, _ = lex.top(acc, depth, mask)
-            ok = di >= 0
-            di, ds = di[ok], ds[ok]
-            cand = np.union1d(di, lids)  # sorted ids
-            if not len(cand):
-                out.append([])
+
+def _hybrid(g: _Generation, lex, queries, qv, k, allowed, fusion, alpha):
+    """[(id, fused, cosine, bm25)] per query: the union of both sides' top DEPTH, each
+    candidate scored exactly on both sides, fused, best k."""
+    depth = max(k, fusion_.DEPTH)
+    mask = allowed.rows(lex.ids) if allowed is not None else None
+    dscores, dids = _dense(g, qv, depth, allowed)
+    out = []
+    for q, v, ds, di in zip(queries, qv, dscores, dids):
+        acc = lex.score_all(q)
+        lids, _ = lex.top(acc, depth, mask)
+        ok = di >= 0
+        di, ds = di[ok], ds[ok]
+        cand = np.union1d(di, lids)  # sorted ids
+        if not len(cand):
+            out.append([])
+            continue
+        d = np.empty(len(cand), np.float64)
+        at = np.searchsorted(cand, di)
+        d[at] = ds
+        only_lex = np.setdiff1d(cand, di, assume_unique=True)
+        if len(only_lex):  # their cosine, from the vectors the index or the docstore holds
+            vecs = g.vectors.reconstruct(only_lex)
+            ids = only_lex
+            if vecs is None:
+                ids, vecs = g.docs.get_vectors(only_lex)
+            d[np.searchsorted(cand, ids)] = vecs @ np.asarray(v, np.float32)
+        b = lex.lookup(acc, cand)
+        fused = fusion_.fuse(d, b, fusion, alpha)
+        out.append([(int(cand[j]), float(fused[j]), float(d[j]), float(b[j])) for j in fusion_.top(cand, fused, k)])
+    return out
+
+
+def _hits(g: _Generation, found: list[list[tuple]], mode: str) -> list[list[Hit]]:
+    """Hits from [(id, score, cosine, bm25)] per query, joined with the docstore."""
+    chunks = g.docs.get_chunks({i for row in found for i, *_ in row})
+    out = []
+    for row in found:
+        hits = []
+        for i, s, d, b in row:
+            c = chunks.get(i)
+            if c is None:  # FAISS pads with -1 and the docstore is the truth: never let a stray id out
                 continue
-            d = np.empty(len(cand), np.float64)
-            at = np.searchsorted(cand, di)
-            d[at] = ds
-            only_lex = np.setdiff1d(cand, di, assume_unique=True)
-            if len(only_lex):  # their cosine, from the vectors the index or the docstore holds
-                vecs = self.vectors.reconstruct(only_lex)
-                ids = only_lex
-                if vecs is None:
-                    ids, vecs = self.docs.get_vectors(only_lex)
-                d[np.searchsorted(cand, ids)] = vecs @ np.asarray(v, np.float32)
-            b = lex.lookup(acc, cand)
-            fused = fusion_.fuse(d, b, fusion, alpha)
-            out.append([(int(cand[j]), float(fused[j]), float(d[j]), float(b[j])) for j in fusion_.top(cand, fused, k)])
-        return out
-
-    def _hits(self, found: list[list[tuple]], mode: str) -> list[list[Hit]]:
-        """Hits from [(id, score, cosine, bm25)] per query, joined with the docstore."""
-        chunks = self.docs.get_chunks({i for row in found for i, *_ in row})
-        out = []
-        for row in found:
-            hits = []
-            for i, s, d, b in row:
-                c = chunks.get(i)
-                if c is None:  # FAISS pads with -1 and the docstore is the truth: never let a stray id out
-                    continue
-                hits.append(Hit(rank=len(hits) + 1, score=s, text=c["text"], source=_display(c["path"]),
-                                path=c["path"], start=c["start"], end=c["end"], row=c["row"], line=c["line"],
-                                chunk=c["chunk"], id=c["id"], metadata=c["metadata"], mode=mode,
-                                dense_score=d, lexical_score=b))
-            out.append(hits)
-        return out
-
-    def close(self) -> None:
-        self.docs.close()
+            hits.append(Hit(rank=len(hits) + 1, score=s, text=c["text"], source=_display(c["path"]),
+                            path=c["path"], start=c["start"], end=c["end"], row=c["row"], line=c["line"],
+                            chunk=c["chunk"], id=c["id"], metadata=c["metadata"], mode=mode,
+                            dense_score=d, lexical_score=b))
+        out.append(hits)
+    return out
 
 
 def _dense_found(scores: np.ndarray, ids: np.ndarray) -> list[list[tuple]]:

@@ -71,7 +71,7 @@ def test_restrictive_and_broad_filters_on_every_index_type(kind, tmp_path, vecto
             assert {h.id for h in hits} == rare_ids and all(h.metadata["group"] == "rare" for h in hits), (kind, mode)
     # A broad filter (half the chunks) goes through faiss's ID selector: never a chunk outside it,
     # and k hits.
-    allowed = filters.parse(["group=odd"]).ids(r.docs.db)
+    allowed = filters.parse(["group=odd"]).ids(r.docs)
     assert len(allowed) > EXACT_BELOW
     s, ids = r.vectors.search_filtered(vectors[:20], 10, allowed)
     found = ids[ids >= 0]
@@ -94,7 +94,7 @@ def test_restrictive_and_broad_filters_on_every_index_type(kind, tmp_path, vecto
 def test_filter_semantics(tmp_path, vectors):
     folder = build(tmp_path / "f", vectors[:N], "flat")
     r = Retriever.load(folder, encoder=VecEncoder(vectors))
-    db = r.docs.db
+    db = r.docs
 
     def count(where):
         return len(filters.parse(where).ids(db))

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -72,22 +73,72 @@ class StoredFile:
 
 
 class DocStore:
+    """One generation's docstore. A writer's holds one connection; a reader's opens one read-only
+    connection per thread that uses it (SQLite's own advice for concurrent readers: no thread
+    waits on another's statement), and no Python function is ever registered on them, so no
+    thread inside SQLite can wait for the interpreter's lock while another holds it."""
+
     def __init__(self, path: Path, readonly: bool = False):
         self.path = Path(path)
+        self.readonly = readonly
+        self._memo: dict[Any, Any] = {}
+        self._memo_lock = threading.Lock()
         if readonly:
-            self.db = connect_readonly(self.path, check_same_thread=False)  # by quoted URI: '#', '?', '%' in paths
+            # The first connection also keeps this generation readable after a writer publishes
+            # the next one and removes these files: a thread that can no longer open the path
+            # shares it (SQLite serialises its statements; nothing else is shared).
+            self._anchor = connect_readonly(self.path, check_same_thread=False)  # by quoted URI: '#', '?', '%' in paths
+            self._anchor.execute("PRAGMA foreign_keys = ON")
+            self._local = threading.local()
+            self._conns: list[sqlite3.Connection] = [self._anchor]
+            self._conns_lock = threading.Lock()
         else:
-            self.db = sqlite3.connect(self.path)
-            self.db.executescript(SCHEMA)
-            lexical.add_columns(self.db)  # a docstore from before lexical search gets its terms
-            cols = {r[1] for r in self.db.execute("PRAGMA table_info(files)")}
+            self._anchor = sqlite3.connect(self.path)
+            self._anchor.executescript(SCHEMA)
+            lexical.add_columns(self._anchor)  # a docstore from before lexical search gets its terms
+            cols = {r[1] for r in self._anchor.execute("PRAGMA table_info(files)")}
             for col in ("ctime_ns", "inode"):  # docstores written before these columns
                 if col not in cols:
-                    self.db.execute(f"ALTER TABLE files ADD COLUMN {col} INTEGER NOT NULL DEFAULT 0")
-        self.db.execute("PRAGMA foreign_keys = ON")
+                    self._anchor.execute(f"ALTER TABLE files ADD COLUMN {col} INTEGER NOT NULL DEFAULT 0")
+            self._anchor.execute("PRAGMA foreign_keys = ON")
+
+    @property
+    def db(self) -> sqlite3.Connection:
+        """This thread's connection (a writer's store has one)."""
+        if not self.readonly:
+            return self._anchor
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            try:
+                conn = connect_readonly(self.path, check_same_thread=False)
+                conn.execute("PRAGMA foreign_keys = ON")
+                with self._conns_lock:
+                    self._conns.append(conn)
+            except sqlite3.Error:  # the writer removed this generation's file: share the first connection
+                conn = self._anchor
+            self._local.conn = conn
+        return conn
+
+    def memo(self, key: Any, build):
+        """build() computed once per docstore (one generation: its data never change) and kept;
+        for in-memory forms of its columns (metadata filters). Safe from many threads."""
+        try:
+            return self._memo[key]
+        except KeyError:
+            pass
+        with self._memo_lock:
+            if key not in self._memo:
+                self._memo[key] = build()
+            return self._memo[key]
 
     def close(self) -> None:
-        self.db.close()
+        if not self.readonly:
+            self._anchor.close()
+            return
+        with self._conns_lock:
+            conns, self._conns = self._conns, []
+        for c in conns:
+            c.close()
 
     def commit(self) -> None:
         self.db.commit()
@@ -209,6 +260,34 @@ class DocStore:
 
     def state_files(self) -> set[str]:
         return {r[0] for r in self.db.execute("SELECT DISTINCT state_file FROM chunks WHERE state_file IS NOT NULL")}
+
+    # ---- columns for metadata filters (read once per generation; see semsearch/filters.py) ----
+    def chunk_files(self) -> tuple[np.ndarray, np.ndarray]:
+        """(chunk ids (n,), their file ids (n,)), in chunk id order."""
+        a = self._read_pairs("SELECT id, file_id FROM chunks ORDER BY id")
+        return a[:, 0].copy(), a[:, 1].copy()
+
+    def metadata_values(self, key_path: str) -> tuple[np.ndarray, list[Any]]:
+        """(chunk ids, values) of the chunks whose metadata has the field at the JSON path
+        `key_path` (as SQLite's json_extract gives it: str, int, float; true/false as 1/0)."""
+        try:
+            rows = self.db.execute("SELECT id, v FROM (SELECT id, json_extract(metadata, ?) AS v FROM chunks"
+                                   " WHERE metadata IS NOT NULL) WHERE v IS NOT NULL ORDER BY id", (key_path,)).fetchall()
+        except sqlite3.DatabaseError as e:
+            raise IndexFormatError(f"{self.path}: damaged ({e}); {remedy(self.path.parent)}") from e
+        return np.fromiter((r[0] for r in rows), np.int64, len(rows)), [r[1] for r in rows]
+
+    def files_matching(self, globs: list[str]) -> np.ndarray:
+        """Ids of the files whose path matches any of the SQLite GLOB patterns."""
+        where = " OR ".join("path GLOB ?" for _ in globs) or "0"
+        return np.array([r[0] for r in self.db.execute(f"SELECT id FROM files WHERE {where}", globs)], np.int64)
+
+    def _read_pairs(self, sql: str) -> np.ndarray:
+        try:
+            rows = self.db.execute(sql).fetchall()
+        except sqlite3.DatabaseError as e:
+            raise IndexFormatError(f"{self.path}: damaged ({e}); {remedy(self.path.parent)}") from e
+        return np.array(rows, np.int64).reshape(len(rows), 2)
 
     def counts(self) -> dict[str, int]:
         files, docs = self.db.execute("SELECT COUNT(*), COALESCE(SUM(documents), 0) FROM files").fetchone()

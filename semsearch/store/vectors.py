@@ -339,13 +339,20 @@ class VectorIndex:
         except RuntimeError:  # an id faiss does not hold: let the caller read the docstore
             return None
 
-    def search_filtered(self, queries: np.ndarray, k: int, allowed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """search() over only the `allowed` ids, through a faiss ID selector on the CPU index
-        (GPU indexes take selectors only in part). Approximate types may find fewer than k."""
+    def search_filtered(self, queries: np.ndarray, k: int, allowed) -> tuple[np.ndarray, np.ndarray]:
+        """search() over only the allowed ids, through a faiss ID selector on the CPU index
+        (GPU indexes take selectors only in part). `allowed`: sorted ids, or an object with a
+        `bitmap` (bit i of byte i // 8: id i) and a length, as semsearch.filters.Selection is: a
+        bitmap costs one bit test per candidate, where a batch of ids is first hashed into a set.
+        Approximate types may find fewer than k."""
         import faiss
 
         q = np.ascontiguousarray(queries, np.float32)
-        sel = faiss.IDSelectorBatch(np.ascontiguousarray(allowed, np.int64))
+        if hasattr(allowed, "bitmap"):
+            bits = allowed.bitmap
+            sel = faiss.IDSelectorBitmap(bits)
+        else:
+            sel = faiss.IDSelectorBatch(np.ascontiguousarray(allowed, np.int64))
         index = self.index
         if self.kind == "flat":
             params = faiss.SearchParameters(sel=sel)  # the IDMap wrapper translates it to its rows

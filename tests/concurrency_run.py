@@ -1,0 +1,315 @@
+"""Run every public search entry point from many threads and from asyncio at once, with writes
+interleaved, against one index; report what went wrong as JSON on stdout.
+
+    python tests/concurrency_run.py INDEX_FOLDER SURFACE [SURFACE ...]
+
+Surfaces: retriever, asyncio, http, langchain, llamaindex, haystack. tests/test_concurrency.py
+runs this in a child process with a time limit, because a deadlock inside SQLite can hold the
+interpreter's lock: a test in the same process could then not even notice that it hangs.
+
+The reference: before the concurrent phase, every call is made once, serially, in both states the
+writer moves the index between (without and with one extra document, whose text shares no word
+with any query); every concurrent result must equal one of the two (same ids, scores within 1e-5).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+QUERIES = ["How long does a loan decision take?", "lentil soup with cumin", "sleep and recovery after exercise"]
+WHERES = [None, {"year": {">=": 2010}}, {"lang": "de"}, ["year>=2005", "year<2020", "lang=en"], "path:*.md",
+          {"lang": {"!=": "en"}}]
+MODES = ["dense", "lexical", "hybrid"]
+EXTRA_ID = "zz-extra"
+EXTRA_TEXT = "Qwxv plorb zintafex grumbleworts vorpal snicker-snack."
+THREADS = 8
+ROUNDS = 3
+
+
+AS_DICT = {repr(["year>=2005", "year<2020", "lang=en"]): {"year": {">=": 2005, "<": 2020}, "lang": "en"},
+           repr("path:*.md"): {"$path": "*.md"}}
+
+
+def as_dict(where):
+    """The dict spelling of a `where` (the HTTP API and the adapters take dicts)."""
+    return AS_DICT.get(repr(where), where)
+
+
+def calls():
+    return [(q, m, w) for q in QUERIES for m in MODES for w in WHERES]
+
+
+def key(hits) -> list[tuple[str, int, float]]:
+    """[(source path, chunk number, score)]: chunk ids are not compared, as the writer's document
+    gets a new id each time it is written again."""
+    return [(str(p), int(c), float(s)) for p, c, s in hits]
+
+
+def same(a, b) -> bool:
+    return len(a) == len(b) and all(x[:2] == y[:2] and abs(x[2] - y[2]) <= 1e-5 for x, y in zip(a, b))
+
+
+class Checker:
+    def __init__(self):
+        self.refs: dict[tuple, list] = {}
+        self.problems: list[str] = []
+        self.done = 0
+        self.lock = threading.Lock()
+
+    def add_ref(self, surface: str, call, result) -> None:
+        self.refs.setdefault((surface, repr(call)), []).append(result)
+
+    def check(self, surface: str, call, result) -> None:
+        refs = self.refs[(surface, repr(call))]
+        with self.lock:
+            self.done += 1
+            if not any(same(result, r) for r in refs):
+                self.problems.append(f"{surface} {call!r}: {result} not one of {refs}")
+
+    def error(self, surface: str, call, e: BaseException) -> None:
+        with self.lock:
+            self.problems.append(f"{surface} {call!r}: {type(e).__name__}: {e}\n{traceback.format_exc(limit=4)}")
+
+
+# ---- the surfaces: each gives (name, fn(call) -> [(id, score)], async fn or None) ------------------
+def retriever_surface(folder):
+    from semsearch.search import Retriever
+
+    r = Retriever.load(folder)
+
+    def run(call):
+        q, m, w = call
+        return key((h.path, h.chunk, h.score) for h in r.search(q, 5, mode=m, where=w))
+
+    return run
+
+
+def http_surface(folder):
+    import httpx
+    import uvicorn
+
+    from semsearch.serve import Service, create_app
+
+    app = create_app(Service(folder, device="cpu"))
+    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
+    server = uvicorn.Server(config)
+    t = threading.Thread(target=server.run, daemon=True)
+    t.start()
+    while not server.started:
+        time.sleep(0.05)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    local = threading.local()
+
+    def run(call):
+        q, m, w = call
+        if not hasattr(local, "client"):
+            local.client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60, headers=_auth())
+        body = {"query": q, "k": 5, "mode": m}
+        if w is not None:
+            body["where"] = as_dict(w)
+        resp = local.client.post("/search", json=body)
+        if resp.status_code != 200:
+            raise RuntimeError(f"HTTP {resp.status_code}: {resp.text[:300]}")
+        return key((h["path"], h["chunk"], h["score"]) for h in resp.json()["hits"])
+
+    HTTP_URL.append(f"http://127.0.0.1:{port}")
+    return run
+
+
+HTTP_URL: list[str] = []  # where the server runs: the writer then writes through it
+
+
+def _auth() -> dict:
+    k = os.environ.get("SEMSEARCH_API_KEY")
+    return {"Authorization": f"Bearer {k}"} if k else {}
+
+
+def langchain_surface(folder):
+    from semsearch.integrations.langchain import SemsearchRetriever
+
+    ret = SemsearchRetriever.from_index(folder, k=5)
+
+    def conv(docs):
+        return key((d.metadata["path"], d.metadata["chunk"], d.metadata["score"]) for d in docs)
+
+    def run(call):
+        q, m, w = call
+        return conv(ret.invoke(q, k=5, mode=m, where=w))
+
+    async def arun(call):
+        q, m, w = call
+        return conv(await ret.ainvoke(q, k=5, mode=m, where=w))
+
+    def batch(cs):
+        outs = []
+        for (q, m, w) in cs:  # batch takes one config for all inputs: group by mode/where
+            outs.append(conv(ret.batch([q], k=5, mode=m, where=w)[0]))
+        return outs
+
+    return run, arun
+
+
+def llamaindex_surface(folder):
+    from llama_index.core.schema import QueryBundle
+
+    from semsearch.integrations.llamaindex import SemsearchRetriever
+
+    cache: dict = {}
+    lock = threading.Lock()
+
+    def get(m, w):
+        with lock:
+            kk = (m, repr(w))
+            if kk not in cache:
+                cache[kk] = SemsearchRetriever.from_index(folder, similarity_top_k=5, mode=m, where=w)
+            return cache[kk]
+
+    def conv(nodes):
+        return key((n.node.metadata["path"], n.node.metadata["chunk"], n.score) for n in nodes)
+
+    def run(call):
+        q, m, w = call
+        return conv(get(m, w).retrieve(q))
+
+    async def arun(call):
+        q, m, w = call
+        return conv(await get(m, w).aretrieve(QueryBundle(q)))
+
+    return run, arun
+
+
+def haystack_surface(folder):
+    from semsearch.integrations.haystack import SemsearchRetriever
+
+    comp = SemsearchRetriever(index=str(folder), top_k=5)
+    comp.warm_up() if hasattr(comp, "warm_up") else None
+
+    def conv(out):
+        return key((d.meta["path"], d.meta["chunk"], d.score) for d in out["documents"])
+
+    def run(call):
+        q, m, w = call
+        return conv(comp.run(query=q, top_k=5, mode=m, where=w))
+
+    async def arun(call):
+        q, m, w = call
+        return conv(await comp.run_async(query=q, top_k=5, mode=m, where=w))
+
+    return run, arun
+
+
+def writer(folder, stop: threading.Event, checker: Checker, counts: dict) -> None:
+    from semsearch.documents import Document, delete_documents, upsert_documents
+    from semsearch.encoder import Encoder
+
+    if HTTP_URL:
+        import httpx
+
+        with httpx.Client(base_url=HTTP_URL[0], timeout=60, headers=_auth()) as c:
+            doc = {"id": EXTRA_ID, "text": EXTRA_TEXT, "metadata": {"year": 2015, "lang": "de"}}
+            while not stop.is_set():
+                for resp in (c.post("/documents", json={"documents": [doc]}), c.delete(f"/documents/{EXTRA_ID}")):
+                    if resp.status_code != 200:
+                        checker.error("writer", None, RuntimeError(f"HTTP {resp.status_code}: {resp.text[:300]}"))
+                        return
+                    counts["writes"] += 1
+        return
+    enc = Encoder(device="cpu")
+    while not stop.is_set():
+        try:
+            upsert_documents(folder, [Document(EXTRA_ID, EXTRA_TEXT, {"year": 2015, "lang": "de"})], enc)
+            counts["writes"] += 1
+            delete_documents(folder, [EXTRA_ID])
+            counts["writes"] += 1
+        except Exception as e:  # noqa: BLE001 - reported
+            checker.error("writer", None, e)
+            return
+
+
+def main() -> None:
+    folder = Path(sys.argv[1])
+    surfaces = sys.argv[2:]
+    from semsearch.documents import Document, delete_documents, upsert_documents
+    from semsearch.encoder import Encoder
+
+    checker = Checker()
+    runners: dict[str, tuple] = {}
+    for s in surfaces:
+        if s in ("retriever", "asyncio"):
+            run = retriever_surface(folder)
+            runners[s] = (run, None)
+        elif s == "http":
+            runners[s] = (http_surface(folder), None)
+        else:
+            runners[s] = {"langchain": langchain_surface, "llamaindex": llamaindex_surface,
+                          "haystack": haystack_surface}[s](folder)
+    # References in both states of the index.
+    enc = Encoder(device="cpu")
+    for state in ("without", "with"):
+        if state == "with":
+            upsert_documents(folder, [Document(EXTRA_ID, EXTRA_TEXT, {"year": 2015, "lang": "de"})], enc)
+        for s, (run, _) in runners.items():
+            for c in calls():
+                checker.add_ref(s, c, run(c))
+    delete_documents(folder, [EXTRA_ID])
+    del enc
+
+    stop = threading.Event()
+    counts = {"writes": 0}
+    w = threading.Thread(target=writer, args=(folder, stop, checker, counts), daemon=True)
+    w.start()
+
+    def thread_work(s, run, offset):
+        cs = calls()
+        for i in range(ROUNDS * len(cs)):
+            c = cs[(i + offset) % len(cs)]
+            try:
+                checker.check(s, c, run(c))
+            except Exception as e:  # noqa: BLE001 - reported
+                checker.error(s, c, e)
+
+    async def async_work(s, run, arun):
+        cs = calls() * ROUNDS
+
+        async def one(c):
+            try:
+                out = await arun(c) if arun is not None else await asyncio.to_thread(run, c)
+                checker.check(s, c, out)
+            except Exception as e:  # noqa: BLE001 - reported
+                checker.error(s, c, e)
+
+        sem = asyncio.Semaphore(THREADS)
+
+        async def bounded(c):
+            async with sem:
+                await one(c)
+
+        await asyncio.gather(*(bounded(c) for c in cs))
+
+    threads = []
+    for s, (run, arun) in runners.items():
+        if s != "asyncio":
+            threads += [threading.Thread(target=thread_work, args=(s, run, j * 7), daemon=True) for j in range(THREADS)]
+        if s == "asyncio" or arun is not None:
+            threads.append(threading.Thread(target=lambda s=s, run=run, arun=arun: asyncio.run(async_work(s, run, arun)),
+                                            daemon=True))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    stop.set()
+    w.join(timeout=120)
+    print(json.dumps({"problems": checker.problems[:20], "n_problems": len(checker.problems),
+                      "calls": checker.done, "writes": counts["writes"]}))
+
+
+if __name__ == "__main__":
+    main()

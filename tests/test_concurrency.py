@@ -1,0 +1,67 @@
+"""Every public search entry point from many threads and from asyncio at once, writes interleaved:
+no error, no deadlock (a time limit fails the test), and the hits a serial run gives.
+
+Each surface runs in a child process (tests/concurrency_run.py) with a time limit: a thread stuck
+inside SQLite while holding the interpreter's lock would also stop a watchdog in this process.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+
+RUNNER = Path(__file__).with_name("concurrency_run.py")
+LIMIT = 300  # seconds: a deadlock, not slowness (a run takes about a minute on 2 busy cores)
+
+
+@pytest.fixture(scope="module")
+def index(tmp_path_factory, real_encoder):
+    """The sample corpus plus records with numeric and language metadata, with the real model."""
+    import shutil
+
+    from semsearch.indexing import index_corpus
+    from conftest import SAMPLE
+
+    root = tmp_path_factory.mktemp("conc")
+    corpus = root / "corpus"
+    shutil.copytree(SAMPLE, corpus)
+    topics = ["loan approval takes one business day", "lentil soup simmers with cumin",
+              "sleep helps muscles recover after exercise", "printing presses spread books in Europe",
+              "tomatoes need sun and steady watering"]
+    with open(corpus / "papers.jsonl", "w") as f:
+        for i in range(40):
+            f.write(json.dumps({"text": f"Paper {i}: {topics[i % 5]}.", "year": 2000 + i % 25,
+                                "lang": "de" if i % 7 == 0 else "en"}) + "\n")
+    folder = root / "index"
+    index_corpus(corpus, folder, real_encoder, progress=False)
+    return folder
+
+
+def run(index: Path, *surfaces: str) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
+    try:
+        p = subprocess.run([sys.executable, str(RUNNER), str(index), *surfaces], capture_output=True, text=True,
+                           timeout=LIMIT, env=env, cwd=REPO)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"{surfaces}: no answer in {LIMIT} s (deadlock?)\n{(e.stderr or b'')[-3000:]!r}")
+    assert p.returncode == 0, p.stderr[-4000:]
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out["n_problems"] == 0, "\n".join(out["problems"])
+    assert out["calls"] > 0 and out["writes"] > 0, out  # the run did search while the writer wrote
+    return out
+
+
+def test_retriever_threads_and_asyncio_with_writes(index):
+    run(index, "retriever", "asyncio")
+
+
+def test_http_endpoints_with_writes(index):
+    pytest.importorskip("fastapi")
+    pytest.importorskip("uvicorn")
+    run(index, "http")
