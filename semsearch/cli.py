@@ -623,22 +623,52 @@ def _train_query_layers(beir, split, dev_split, pairs, index, layers, pseudo_que
 
 @main.command()
 @index_option
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on. Anything but loopback lets other machines search (and, without --read-only, change) the index.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on. Beyond loopback it needs --api-key (or --insecure).")
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
 @device_option
 @click.option("--read-only", is_flag=True, help="Refuse POST /documents and DELETE /documents/{id}.")
+@click.option("--api-key", default=None, envvar="SEMSEARCH_API_KEY", show_envvar=True, metavar="KEY",
+              help="Require `Authorization: Bearer KEY` on every endpoint but /health.")
+@click.option("--api-key-file", type=click.Path(dir_okay=False, path_type=Path), default=None, metavar="PATH",
+              help="Read the API key from this file (its first line), rather than from the command line.")
+@click.option("--insecure", is_flag=True, help="Allow listening beyond loopback without an API key.")
+@click.option("--allowed-host", "allowed_hosts", multiple=True, metavar="NAME",
+              help="Repeatable: a Host name clients may use beyond loopback (`*.example.com` for subdomains, `*` for any). "
+                   "Loopback names and the --host address are always allowed.")
+@click.option("--docs", is_flag=True, help="Serve interactive API docs at /docs and /redoc, and /openapi.json.")
 @click.option("--max-k", type=click.IntRange(min=1), default=1000, show_default=True, help="Largest k a search may ask for.")
+@click.option("--max-results", type=click.IntRange(min=1), default=10_000, show_default=True,
+              help="Most hits in one search request: its number of queries times k.")
 @click.option("--max-request-bytes", type=click.IntRange(min=1024), default=8 * 2**20, show_default=True, help="Largest request body.")
+@click.option("--max-response-bytes", type=click.IntRange(min=1024), default=64 * 2**20, show_default=True, help="Largest response body.")
+@click.option("--max-inflight-per-client", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Requests one client address may have running at once; more get 429 (0: no limit).")
 @handle_errors
-def serve(index, host, port, device, read_only, max_k, max_request_bytes):
+def serve(index, host, port, device, read_only, api_key, api_key_file, insecure, allowed_hosts, docs, max_k, max_results,
+          max_request_bytes, max_response_bytes, max_inflight_per_client):
     """Serve the index over HTTP: search, embeddings (OpenAI and TEI shapes), document upserts.
 
-    Needs `pip install 'semsearch[serve]'`. Interactive docs at http://HOST:PORT/docs.
+    Needs `pip install 'semsearch[serve]'`. Listens on loopback unless --host says otherwise;
+    beyond loopback it refuses to start without --api-key / --api-key-file / SEMSEARCH_API_KEY
+    (or --insecure). With --docs, interactive docs at http://HOST:PORT/docs.
     """
     from semsearch.serve import Limits, serve as run_server
 
+    if api_key_file is not None:
+        if api_key is not None and click.get_current_context().get_parameter_source("api_key") != click.core.ParameterSource.ENVIRONMENT:
+            raise click.UsageError("give --api-key or --api-key-file, not both")  # the file wins over SEMSEARCH_API_KEY
+        try:
+            lines = api_key_file.read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as e:
+            raise click.BadParameter(f"cannot read {str(api_key_file)!r}: {getattr(e, 'strerror', None) or e}", param_hint="--api-key-file")
+        api_key = lines[0].strip() if lines else ""
+        if not api_key:
+            raise click.BadParameter(f"{str(api_key_file)!r} holds no key on its first line", param_hint="--api-key-file")
+    limits = Limits(max_request_bytes=max_request_bytes, max_k=max_k, max_results=max_results,
+                    max_response_bytes=max_response_bytes, max_inflight_per_client=max_inflight_per_client)
     try:
-        run_server(index, host, port, device, Limits(max_request_bytes=max_request_bytes, max_k=max_k), read_only)
+        run_server(index, host, port, device, limits, read_only, api_key=api_key, insecure=insecure,
+                   allowed_hosts=allowed_hosts, docs=docs)
     except ImportError as e:
         raise click.ClickException(str(e)) from e
 
