@@ -13,6 +13,8 @@ fast-scan codes have no GPU form in faiss and stay on the CPU.
 """
 from __future__ import annotations
 
+import contextlib
+
 import functools
 import logging
 import math
@@ -319,13 +321,8 @@ class VectorIndex:
         # A query on a small index takes ~1 ms: run it on one thread, or faiss's OpenMP workers keep
         # spinning afterwards and slow the encoder's threads on the next query (measured: 20 -> 11
         # ms a query on SciFact). Large indexes keep every thread: their search is the cost.
-        threads = faiss.omp_get_max_threads()
-        faiss.omp_set_num_threads(1)
-        try:
+        with one_omp_thread():
             return self.index.search(q, min(k, max(self.ntotal, 1)))
-        finally:
-            faiss.omp_set_num_threads(threads)
-
 
     def reconstruct(self, ids: np.ndarray) -> np.ndarray | None:
         """The stored vectors (n, d) of the given ids, for the types that keep full vectors behind
@@ -369,8 +366,27 @@ class VectorIndex:
         else:
             raise InputError(f"unknown index type {self.kind!r}")
         k = max(1, min(k, len(allowed)))
-        scores, ids = index.search(q, k, params=params)
-        return scores, ids
+        if len(q) > 4:
+            return index.search(q, k, params=params)
+        # A few queries with a selector on one thread: faiss then splits the probed lists over its
+        # OpenMP workers, whose barrier costs more than the work (ivf-fastscan, 100k chunks, 60%
+        # passing, 2 busy cores: 20 ms a query against 0.27 ms on one thread; scripts/bench_filters.py).
+        with one_omp_thread():
+            return index.search(q, k, params=params)
+
+
+@contextlib.contextmanager
+def one_omp_thread():
+    """faiss on one OpenMP thread inside the block. OpenMP's thread count is a setting of the
+    calling thread, so other threads' searches keep theirs."""
+    import faiss
+
+    threads = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(1)
+    try:
+        yield
+    finally:
+        faiss.omp_set_num_threads(threads)
 
 
 def recall_at(approx_ids: np.ndarray, exact_ids: np.ndarray) -> float:
