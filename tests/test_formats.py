@@ -76,7 +76,7 @@ def make_pdf(path: Path, pages: list[list[str]], title: str | None = None, outli
 def report_pages(n: int, lines_per_page: int = 12) -> list[list[str]]:
     """Pages with a running header, a page-number footer and body text naming their page."""
     pages = []
-    themes = ["harvest", "shipping", "turbines", "payroll", "research", "outlook", "audit"]
+    themes = ["harvest", "shipping", "pensions", "payroll", "research", "outlook", "audit"]
     for p in range(1, n + 1):
         body = [f"Page {p} on {themes[p % 7]} {themes[k % 7]}: topic{p} in plain words, line {k}." for k in range(lines_per_page)]
         pages.append(["Annual Report 2023  Acme Corporation"] + body + [str(p)])
@@ -268,6 +268,12 @@ def test_markdown_sections_ignore_code_fences_and_read_setext():
     assert path("Build it") == "Guide > Install > From source"
     assert path("Call it") == "Guide > Usage"
     assert marks.title == "Guide"
+    assert marks.locate(text.index("## Install"), len(text))["section"] == "Guide > Install"
+    two = "# Top\n\n## Sub\n\nBody.\n"
+    m2 = Marks()
+    "".join(markdown_blocks(iter([two]), m2))
+    assert m2.locate(0, len(two))["section"] == "Top > Sub"  # a chunk opening with headings is in the last
+    assert m2.locate(2, len(two))["section"] == "Top > Sub"  # (a tokenizer that drops '#')
 
 
 def test_a_chunk_does_not_glue_the_end_of_a_section_to_the_next():
@@ -341,8 +347,8 @@ def test_index_pdf_html_docx_hits_carry_page_section_title(tmp_path, real_encode
     docx = pytest.importorskip("docx")
     root = tmp_path / "corpus"
     root.mkdir()
-    pages = report_pages(6)
-    pages[4][3] = "The turbine blades were inspected for corrosion after the winter storms."
+    pages = report_pages(6, lines_per_page=40)
+    pages[4][20] = "The turbine blades were inspected for corrosion after the winter storms."
     make_pdf(root / "report.pdf", pages, title="Acme annual report")
     (root / "page.html").write_text(page_html(), encoding="utf-8")
     d = docx.Document()
@@ -356,9 +362,10 @@ def test_index_pdf_html_docx_hits_carry_page_section_title(tmp_path, real_encode
     assert rep.added == 3 and rep.skipped == {"not a JSON corpus": 1}
     assert any("settings.json" in s for s in rep.skipped_files)
     r = Retriever.load(tmp_path / "idx", encoder=real_encoder)
-    hit = r.search("turbine blade corrosion", k=1, mode="dense")[0]
-    assert hit.metadata["page"] == 5 and hit.metadata["title"] == "Acme annual report"
-    assert hit.location.endswith("report.pdf p. 5")
+    hit = r.search("turbine blades inspected for corrosion after the winter storms", k=1, where="path:*.pdf")[0]
+    page = hit.metadata["page"]
+    assert page <= 5 <= hit.metadata.get("page_end", page) and hit.metadata["title"] == "Acme annual report"
+    assert "turbine blades" in hit.text and hit.location.endswith(f"report.pdf p. {page}")
     assert all(h.metadata["page"] <= 2 for h in r.search("turbine blade corrosion", k=5, where="page<=2"))
     hit = r.search("descaling a boiler", k=1, mode="dense")[0]
     assert hit.source.endswith("manual.docx") and hit.metadata["section"] == "Maintenance > Boilers"

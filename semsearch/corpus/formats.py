@@ -46,6 +46,7 @@ class Marks:
     boundaries: list[int] = field(default_factory=list)  # section starts (sorted offsets)
     headings: list[int] = field(default_factory=list)  # heading offsets (sorted) ...
     paths: list[str] = field(default_factory=list)  # ... and the heading path each starts
+    bare: set[int] = field(default_factory=set)  # headings followed at once by another heading
     page_starts: list[int] = field(default_factory=list)  # offset where page i + 1 starts
     outline: list[tuple[int, str]] = field(default_factory=list)  # PDF bookmarks: (page, path), by page
     title: str | None = None
@@ -75,6 +76,10 @@ class Marks:
                 if k >= 0:
                     meta["section"] = self.outline[k][1]
         k = bisect.bisect_right(self.headings, start) - 1
+        # A chunk that opens with headings ('# Setup', '## Calibration', text) is in the last one.
+        if k >= 0 and start - self.headings[k] <= 8:  # it starts on heading k's line
+            while k in self.bare and k + 1 < len(self.headings) and self.headings[k + 1] < end:
+                k += 1
         if k >= 0:
             meta["section"] = self.paths[k]
         if self.title:
@@ -167,15 +172,22 @@ def _scan_markdown(piece: str, base: int, marks: Marks, stack: list, state: dict
             continue
         m = _ATX.match(s)
         if m and (m.group(2) or "").strip():
-            marks.add_heading(off, len(m.group(1)), m.group(2).strip(), stack)
-            state["prev"] = None
+            _heading(marks, off, len(m.group(1)), m.group(2).strip(), stack, state)
             continue
         prev = state["prev"]
         if _SETEXT.match(s) and prev is not None and prev[0] >= base:
-            marks.add_heading(prev[0], 1 if s.strip()[0] == "=" else 2, prev[1], stack)
-            state["prev"] = None
+            _heading(marks, prev[0], 1 if s.strip()[0] == "=" else 2, prev[1], stack, state)
             continue
+        if s.strip():
+            state["last_heading"] = False
         state["prev"] = (off, s.strip()) if s.strip() and not s.lstrip().startswith(("-", "*", "+", ">", "|")) else None
+
+
+def _heading(marks: Marks, off: int, level: int, text: str, stack: list, state: dict) -> None:
+    if state.get("last_heading") and marks.headings:
+        marks.bare.add(len(marks.headings) - 1)  # nothing but blank lines since the last heading
+    marks.add_heading(off, level, text, stack)
+    state["prev"], state["last_heading"] = None, True
 
 
 # ---- HTML ---------------------------------------------------------------------------------
