@@ -732,7 +732,7 @@ class _Guard:
                 challenge = b'Bearer realm="semsearch"' + (b'' if given is None else b', error="invalid_token"')
                 return await self._reply(send, *_json_reply(401, message, "authentication_error", [(b"www-authenticate", challenge)]))
         if not self.per_client or scope.get("path") in self.open_paths:
-            return await self.app(scope, receive, send)
+            return await self._answer(scope, receive, send)
         client = (scope.get("client") or ("?", 0))[0]
         if self.inflight.get(client, 0) >= self.per_client:
             return await self._reply(send, *_json_reply(
@@ -740,11 +740,30 @@ class _Guard:
                 "rate_limit_error", [(b"retry-after", b"1")]))
         self.inflight[client] = self.inflight.get(client, 0) + 1
         try:
-            return await self.app(scope, receive, send)
+            return await self._answer(scope, receive, send)
         finally:
             self.inflight[client] -= 1
             if not self.inflight[client]:
                 del self.inflight[client]
+
+    async def _answer(self, scope, receive, send):
+        """The app's answer; an exception no handler took becomes a 500 here, so that the
+        connection stays open (Starlette's outermost handler re-raises it to the server, which
+        then drops a keep-alive connection)."""
+        started = False
+
+        async def tracked(message):
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except Exception as e:
+            log.exception("internal error on %s %s", scope.get("method"), scope.get("path"))
+            if started:
+                raise
+            await self._reply(send, *_json_reply(500, f"internal error ({type(e).__name__}); see the server log", "internal_error"))
 
     @staticmethod
     async def _reply(send, start, body):

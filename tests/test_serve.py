@@ -400,3 +400,59 @@ def test_openai_client_reads_the_embeddings(fake_server):
     np.testing.assert_allclose(np.array([d.embedding for d in r.data]), FakeEncoder().encode(["lentil soup", "comet debris"]), atol=1e-6)
     with pytest.raises(openai.UnprocessableEntityError, match="fake-bow"):
         client.embeddings.create(input="soup", model="text-embedding-3-small")
+
+
+def test_models_lists_the_served_model(fake_server):
+    url, _ = fake_server
+    r = httpx.get(url + "/v1/models")
+    assert r.status_code == 200
+    body = r.json()
+    assert body["object"] == "list" and len(body["data"]) == 1
+    m = body["data"][0]
+    assert (m["id"], m["object"], m["owned_by"]) == ("fake-bow", "model", "semsearch") and isinstance(m["created"], int)
+    openai = pytest.importorskip("openai")
+    assert [x.id for x in openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0).models.list().data] == ["fake-bow"]
+
+
+@pytest.mark.skipif(not HAS_WHERE, reason="Retriever.search_batch has no `where` yet (issue #9)")
+def test_get_search_takes_where_in_the_cli_syntax(fake_server):
+    url, _ = fake_server
+    docs = [{"id": f"{lang}-{year}", "text": "soup of lentils", "metadata": {"lang": lang, "year": year}}
+            for lang in ("en", "fr") for year in (2005, 2015)]
+    with httpx.Client(base_url=url, timeout=30) as c:
+        assert c.post("/documents", json={"documents": docs}).status_code == 200
+
+        def paths(*where: str) -> set[str]:
+            r = c.get("/search", params=[("q", "lentil soup"), ("k", "10"), *(("where", w) for w in where)])
+            assert r.status_code == 200, r.text
+            return {h["path"] for h in r.json()["hits"] if h["path"].startswith("api:")}
+
+        assert paths() == {"api:en-2005", "api:en-2015", "api:fr-2005", "api:fr-2015"}
+        assert paths("lang=fr") == {"api:fr-2005", "api:fr-2015"}
+        assert paths("year>=2010") == {"api:en-2015", "api:fr-2015"}
+        assert paths("lang=en", "year<2010") == {"api:en-2005"}
+        assert paths("path:api:fr-*") == {"api:fr-2005", "api:fr-2015"}
+        # the same conditions in POST bodies: a list of strings, or the dict form
+        r = c.post("/search", json={"query": "lentil soup", "k": 10, "where": ["lang=en", "year<2010"]}).json()
+        assert {h["path"] for h in r["hits"]} == {"api:en-2005"}
+        r = c.post("/search", json={"query": "lentil soup", "k": 10, "where": {"year": {">=": 2010}, "lang": "fr"}}).json()
+        assert {h["path"] for h in r["hits"]} == {"api:fr-2015"}
+        bad = c.get("/search", params={"q": "soup", "where": "year>>2010"})
+        assert bad.status_code == 422 and "year" in bad.json()["error"]["message"]
+
+
+def test_an_upsert_that_changes_nothing_publishes_no_generation(fake_server):
+    url, folder = fake_server
+    docs = {"documents": [{"id": "same", "text": "an unchanging note about kelp", "metadata": {"v": 1}},
+                          {"id": "same-2", "text": "another one about coral"}]}
+    with httpx.Client(base_url=url, timeout=30) as c:
+        first = c.post("/documents", json=docs).json()
+        assert first["added"] == 2
+        files = sorted(p.name for p in folder.iterdir())
+        again = c.post("/documents", json=docs).json()
+        assert (again["added"], again["updated"], again["unchanged"], again["chunks"]) == (0, 0, 2, 0)
+        assert again["generation"] == first["generation"] == Manifest.load(folder).generation
+        assert sorted(p.name for p in folder.iterdir()) == files  # no new docstore or vector file either
+        assert c.get("/health").json()["generation"] == first["generation"]
+        changed = c.post("/documents", json={"documents": [{"id": "same", "text": "an unchanging note about kelp", "metadata": {"v": 2}}]}).json()
+        assert changed["updated"] == 1 and changed["generation"] == first["generation"] + 1  # metadata counts as a change
