@@ -9,6 +9,13 @@ It indexes the corpus (default: the bundled sample) into a temporary folder, sta
 20% POST /embed, with SciFact queries as texts where the data is there. Meanwhile one writer
 upserts a revised document and a new one, and deletes an older one, over and over.
 
+Then a filtered run: --clients clients send only filtered searches (POST /search with
+`where={"year": {">=": 2010}}`, passing about half of the seeded documents, and with the equality
+`where={"lang": "de"}`, about 2%; GET /search with `where=year>=2010` and `where=lang=de`) while the
+writer goes on; every hit must satisfy its filter. The filters select among --seed-docs documents
+upserted before the runs (SciFact abstracts where the data is there, else generated notes), with
+metadata year (1995-2024) and lang ("de" for one in 50, else "en").
+
 Checks, all reported: every request answered 200; each client's responses never go back a
 generation; the revised document, whenever it comes back, has the text and metadata of one
 write, the very one published at the generation the response names (a half-written index would
@@ -39,7 +46,28 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 REPO = Path(__file__).resolve().parent.parent
 SCIFACT = REPO.parent / "shared" / "data" / "beir" / "scifact"
 MIX = [("search", 0.4), ("search_get", 0.2), ("openai", 0.2), ("tei", 0.2)]
+FILTERED_MIX = [("filter_num", 0.35), ("filter_eq", 0.35), ("filter_num_get", 0.15), ("filter_eq_get", 0.15)]
+NUM_WHERE, EQ_WHERE = {"year": {">=": 2010}}, {"lang": "de"}
 REV_QUERY = "revision marker of the load test document"
+
+
+def seed_documents(n: int) -> list[dict]:
+    """n documents with metadata the filtered run selects on: year 1995-2024, lang 'de' for one in 50."""
+    f = SCIFACT / "corpus.jsonl"
+    texts = []
+    if f.exists():
+        with open(f, encoding="utf-8") as fh:
+            for line in fh:
+                d = json.loads(line)
+                texts.append(f"{d.get('title', '')}. {d['text']}"[:1500])
+                if len(texts) >= n:
+                    break
+    topics = ["antibiotic resistance", "soil bacteria", "sleep and memory", "bone density", "gene expression", "vaccination rates"]
+    while len(texts) < n:
+        i = len(texts)
+        texts.append(f"Seed note {i} on {topics[i % len(topics)]} and {topics[(i * 7) % len(topics)]}, study number {i}.")
+    return [{"id": f"seed-{i}", "text": t, "metadata": {"year": 1995 + (i * 7) % 30, "lang": "de" if i % 50 == 0 else "en"}}
+            for i, t in enumerate(texts)]
 
 
 def pct(xs: list[float], p: float) -> float:
@@ -64,17 +92,37 @@ def request_for(kind: str, q: str, rng: random.Random):
         return "GET", "/search", {"q": q, "k": 10}
     if kind == "openai":
         return "POST", "/v1/embeddings", {"input": [q, q[::-1]]}
+    if kind == "filter_num":
+        return "POST", "/search", {"query": q, "k": 10, "where": NUM_WHERE}
+    if kind == "filter_eq":
+        return "POST", "/search", {"query": q, "k": 10, "where": EQ_WHERE}
+    if kind == "filter_num_get":
+        return "GET", "/search", {"q": q, "k": 10, "where": "year>=2010"}
+    if kind == "filter_eq_get":
+        return "GET", "/search", {"q": q, "k": 10, "where": "lang=de"}
     return "POST", "/embed", {"inputs": q}
 
 
-async def client(cid: int, url: str, n: int, qs: list[str], results: dict, published: dict, problems: list) -> None:
+def filter_violations(kind: str, hits: list[dict]) -> list[str]:
+    """Hits of a filtered search that do not satisfy its filter."""
+    if kind.startswith("filter_num"):
+        bad = [h for h in hits if not (isinstance(h["metadata"].get("year"), (int, float)) and h["metadata"]["year"] >= 2010)]
+    elif kind.startswith("filter_eq"):
+        bad = [h for h in hits if h["metadata"].get("lang") != "de"]
+    else:
+        return []
+    return [f"{kind}: {h['path']} {h['metadata']} does not pass the filter" for h in bad]
+
+
+async def client(cid: int, url: str, n: int, qs: list[str], results: dict, published: dict, problems: list,
+                 mix: list = MIX, headers: dict | None = None) -> None:
     import httpx
 
     rng = random.Random(cid)
     last_gen = 0
-    async with httpx.AsyncClient(base_url=url, timeout=120) as c:
+    async with httpx.AsyncClient(base_url=url, timeout=120, headers=headers) as c:
         for _ in range(n):
-            kind = rng.choices([m for m, _ in MIX], [w for _, w in MIX])[0]
+            kind = rng.choices([m for m, _ in mix], [w for _, w in mix])[0]
             method, path, body = request_for(kind, rng.choice(qs), rng)
             t = time.perf_counter()
             r = await (c.get(path, params=body) if method == "GET" else c.post(path, json=body))
@@ -82,8 +130,11 @@ async def client(cid: int, url: str, n: int, qs: list[str], results: dict, publi
             if r.status_code != 200:
                 problems.append(f"{method} {path}: {r.status_code} {r.text[:200]}")
                 continue
-            if kind.startswith("search"):
+            if kind.startswith(("search", "filter")):
                 data = r.json()
+                problems.extend(filter_violations(kind, data["hits"]))
+                if kind.startswith("filter"):
+                    results["filtered_hits"] = results.get("filtered_hits", 0) + len(data["hits"])
                 g = data["generation"]
                 if g < last_gen:
                     problems.append(f"client {cid}: generation went back from {last_gen} to {g}")
@@ -97,14 +148,16 @@ async def client(cid: int, url: str, n: int, qs: list[str], results: dict, publi
                         results.setdefault("rev_checks", []).append((g, rev))
 
 
-async def writer(url: str, stop: asyncio.Event, published: dict, timings: list, problems: list, interval: float) -> None:
+async def writer(url: str, stop: asyncio.Event, published: dict, timings: list, problems: list, interval: float,
+                 headers: dict | None = None, start: int = 0) -> None:
     import httpx
 
-    i = 0
-    async with httpx.AsyncClient(base_url=url, timeout=120) as c:
+    i = start
+    async with httpx.AsyncClient(base_url=url, timeout=120, headers=headers) as c:
         while not stop.is_set():
             docs = [{"id": "load-rev", "text": f"{REV_QUERY}: revision {i}.", "metadata": {"revision": i}},
-                    {"id": f"load-new-{i}", "text": f"Load test note {i} about antibiotic resistance and soil bacteria.", "metadata": {"n": i}}]
+                    {"id": f"load-new-{i}", "text": f"Load test note {i} about antibiotic resistance and soil bacteria.",
+                     "metadata": {"n": i, "year": 2000 + i % 25, "lang": "de" if i % 2 else "en"}}]
             t = time.perf_counter()
             r = await c.post("/documents", json={"documents": docs})
             if r.status_code != 200:
@@ -125,6 +178,7 @@ async def writer(url: str, stop: asyncio.Event, published: dict, timings: list, 
                 await asyncio.wait_for(stop.wait(), interval)
             except asyncio.TimeoutError:
                 pass
+    return i
 
 
 def mix(n: int, qs: list[str], seed: int) -> list[tuple[str, str]]:
@@ -147,13 +201,13 @@ def in_process(r, calls: list[tuple[str, str]]) -> list[float]:
     return lat
 
 
-def over_http(url: str, calls: list[tuple[str, str]]) -> list[float]:
+def over_http(url: str, calls: list[tuple[str, str]], headers: dict | None = None) -> list[float]:
     """The same calls through the server, one at a time."""
     import httpx
 
     lat = []
     rng = random.Random(0)
-    with httpx.Client(base_url=url, timeout=120) as c:
+    with httpx.Client(base_url=url, timeout=120, headers=headers) as c:
         for kind, q in calls:
             method, path, body = request_for(kind, q, rng)
             t = time.perf_counter()
@@ -171,6 +225,9 @@ def main() -> None:
     ap.add_argument("--baseline-calls", type=int, default=40, help="Calls per baseline round (in-process, then over HTTP, one at a time).")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--write-interval", type=float, default=0.2, help="Seconds between the writer's upserts.")
+    ap.add_argument("--filtered-requests", type=int, default=1000, help="Requests of the filtered run (0: skip it).")
+    ap.add_argument("--seed-docs", type=int, default=300, help="Documents with year/lang metadata upserted before the runs.")
+    ap.add_argument("--api-key", action="store_true", help="Run the server with an API key and send it (the cost of checking it).")
     ap.add_argument("--out", default=str(REPO / "results" / "bench_serve.json"))
     args = ap.parse_args()
 
@@ -186,8 +243,14 @@ def main() -> None:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         url = f"http://127.0.0.1:{port}"
+        env, headers = dict(os.environ), None
+        if args.api_key:
+            import secrets
+
+            env["SEMSEARCH_API_KEY"] = secrets.token_urlsafe(32)
+            headers = {"Authorization": f"Bearer {env['SEMSEARCH_API_KEY']}"}
         proc = subprocess.Popen([sys.executable, "-m", "semsearch.cli", "serve", "--index", str(folder), "--port", str(port),
-                                 "--device", "cpu"], cwd=REPO, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+                                 "--device", "cpu"], cwd=REPO, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
         import httpx
 
         deadline = time.time() + 120
@@ -201,6 +264,14 @@ def main() -> None:
                 raise SystemExit(f"the server did not start: {proc.stderr.read() if proc.poll() is not None else 'timeout'}")
             time.sleep(0.2)
 
+        seeds = seed_documents(args.seed_docs)
+        t = time.perf_counter()
+        for at in range(0, len(seeds), 50):
+            r = httpx.post(url + "/documents", json={"documents": seeds[at:at + 50]}, headers=headers, timeout=600)
+            if r.status_code != 200:
+                raise SystemExit(f"seeding failed: {r.status_code} {r.text[:300]}")
+        seed_seconds = time.perf_counter() - t
+
         # Same-run baseline: the same sequential calls in-process and over HTTP, interleaved.
         from semsearch.search import Retriever
 
@@ -212,7 +283,7 @@ def main() -> None:
             # OpenMP team can be many times slower than a worker thread's for the same call
             with ThreadPoolExecutor(1) as pool:
                 base["in_process"] += pool.submit(in_process, local, calls).result()
-            base["http_sequential"] += over_http(url, calls)
+            base["http_sequential"] += over_http(url, calls, headers)
         local.close()
         del local
 
@@ -221,20 +292,37 @@ def main() -> None:
         problems: list[str] = []
         writes: list[float] = []
 
-        async def run() -> float:
+        async def run(n_requests: int, mix: list, results: dict, problems: list, writes: list, start: int) -> tuple[float, int]:
             stop = asyncio.Event()
-            w = asyncio.create_task(writer(url, stop, published, writes, problems, args.write_interval))
-            per = [args.requests // args.clients + (1 if i < args.requests % args.clients else 0) for i in range(args.clients)]
+            w = asyncio.create_task(writer(url, stop, published, writes, problems, args.write_interval, headers, start))
+            per = [n_requests // args.clients + (1 if i < n_requests % args.clients else 0) for i in range(args.clients)]
             t0 = time.perf_counter()
-            await asyncio.gather(*(client(i, url, n, qs, results, published, problems) for i, n in enumerate(per)))
+            await asyncio.gather(*(client(i, url, n, qs, results, published, problems, mix, headers) for i, n in enumerate(per)))
             elapsed = time.perf_counter() - t0
             stop.set()
-            await w
-            return elapsed
+            return elapsed, await w
 
-        passes0 = httpx.get(url + "/info").json()["encoder_passes"]
-        elapsed = asyncio.run(run())
-        passes1 = httpx.get(url + "/info").json()["encoder_passes"]
+        passes0 = httpx.get(url + "/info", headers=headers).json()["encoder_passes"]
+        elapsed, next_write = asyncio.run(run(args.requests, MIX, results, problems, writes, 0))
+        passes1 = httpx.get(url + "/info", headers=headers).json()["encoder_passes"]
+
+        filtered: dict = {}
+        if args.filtered_requests:
+            f_results: dict = {}
+            f_problems: list[str] = []
+            f_writes: list[float] = []
+            f_elapsed, _ = asyncio.run(run(args.filtered_requests, FILTERED_MIX, f_results, f_problems, f_writes, next_write))
+            f_lat = [x for k, v in f_results.items() if k in dict(FILTERED_MIX) for x in v]
+            filtered = {
+                "clients": args.clients, "requests": len(f_lat), "errors": len(f_problems), "problems": f_problems[:20],
+                "seconds": round(f_elapsed, 2), "requests_per_s": round(len(f_lat) / f_elapsed, 1),
+                "p50_ms": round(1000 * pct(f_lat, 50), 2), "p99_ms": round(1000 * pct(f_lat, 99), 2),
+                "by_kind": {k: {"n": len(f_results.get(k, [])), "p50_ms": round(1000 * pct(f_results.get(k, []), 50), 2),
+                                "p99_ms": round(1000 * pct(f_results.get(k, []), 99), 2)} for k, _ in FILTERED_MIX},
+                "writes": {"n": len(f_writes), "p50_ms": round(1000 * pct(f_writes, 50), 1), "p99_ms": round(1000 * pct(f_writes, 99), 1)},
+                "generations_seen": len(f_results.get("generations", ())),
+                "hits_per_request": round(f_results.get("filtered_hits", 0) / max(1, len(f_lat)), 2),  # all checked against their filter
+            }
 
         # Every revision seen must be the one published at or before its response's generation,
         # and no older than the newest published at that generation.
@@ -253,7 +341,8 @@ def main() -> None:
         lat = [x for k, v in results.items() if k in dict(MIX) for x in v]
         report = {
             "cpu": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores visible",
-            "corpus": args.corpus, "chunks_at_end": m.counts["chunks"], "clients": args.clients,
+            "corpus": args.corpus, "seed_docs": len(seeds), "seed_seconds": round(seed_seconds, 1), "api_key": args.api_key,
+            "chunks_at_end": m.counts["chunks"], "clients": args.clients,
             "requests": len(lat), "errors": len(problems), "problems": problems[:20],
             "seconds": round(elapsed, 2), "requests_per_s": round(len(lat) / elapsed, 1),
             "p50_ms": round(1000 * pct(lat, 50), 2), "p99_ms": round(1000 * pct(lat, 99), 2),
@@ -269,11 +358,12 @@ def main() -> None:
             "http_overhead_p50_ms": round(1000 * (pct(base["http_sequential"], 50) - pct(base["in_process"], 50)), 2),
             "http_vs_in_process_p50": round(pct(base["http_sequential"], 50) / pct(base["in_process"], 50), 2),
             "concurrent_vs_sequential_http_throughput": round(len(lat) / elapsed / (len(base["http_sequential"]) / sum(base["http_sequential"])), 2),
+            "filtered": filtered,
         }
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
         print(json.dumps(report, indent=2))
-        if problems:
+        if problems or (filtered and filtered["errors"]):
             raise SystemExit(1)
     finally:
         if proc is not None:
