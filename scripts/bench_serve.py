@@ -181,6 +181,40 @@ async def writer(url: str, stop: asyncio.Event, published: dict, timings: list, 
     return i
 
 
+async def big_with_health(url: str, qs: list[str], n: int, headers: dict | None) -> dict:
+    """n searches of 10 queries x k=1000 (the default --max-results), one after another, while
+    another client polls /health: how long the big ones take and what /health waits meanwhile."""
+    import httpx
+
+    done = asyncio.Event()
+    health: list[float] = []
+    big: list[tuple[float, int, int]] = []
+
+    async def poll() -> None:
+        async with httpx.AsyncClient(base_url=url, timeout=120) as c:
+            while not done.is_set():
+                t = time.perf_counter()
+                r = await c.get("/health")
+                health.append(time.perf_counter() - t)
+                if r.status_code != 200:
+                    raise SystemExit(f"/health answered {r.status_code} during the big requests")
+                await asyncio.sleep(0.02)
+
+    async def searches() -> None:
+        async with httpx.AsyncClient(base_url=url, timeout=600, headers=headers) as c:
+            for i in range(n):
+                t = time.perf_counter()
+                r = await c.post("/search", json={"queries": qs[i * 10:(i + 1) * 10] or qs[:10], "k": 1000})
+                r.raise_for_status()
+                big.append((time.perf_counter() - t, len(r.content), sum(len(x["hits"]) for x in r.json()["results"])))
+        done.set()
+
+    await asyncio.gather(poll(), searches())
+    return {"requests": n, "seconds_each": [round(b[0], 2) for b in big], "response_mb_each": [round(b[1] / 2**20, 1) for b in big],
+            "hits_each": [b[2] for b in big], "health_polls": len(health), "health_p50_ms": round(1000 * pct(health, 50), 1),
+            "health_max_ms": round(1000 * max(health), 1) if health else None}
+
+
 def mix(n: int, qs: list[str], seed: int) -> list[tuple[str, str]]:
     rng = random.Random(seed)
     return [(rng.choices([m for m, _ in MIX], [w for _, w in MIX])[0], rng.choice(qs)) for _ in range(n)]
@@ -227,6 +261,7 @@ def main() -> None:
     ap.add_argument("--write-interval", type=float, default=0.2, help="Seconds between the writer's upserts.")
     ap.add_argument("--filtered-requests", type=int, default=1000, help="Requests of the filtered run (0: skip it).")
     ap.add_argument("--seed-docs", type=int, default=300, help="Documents with year/lang metadata upserted before the runs.")
+    ap.add_argument("--big-requests", type=int, default=3, help="Searches of --max-results hits (10 queries x k=1000) while /health is polled (0: skip).")
     ap.add_argument("--api-key", action="store_true", help="Run the server with an API key and send it (the cost of checking it).")
     ap.add_argument("--out", default=str(REPO / "results" / "bench_serve.json"))
     args = ap.parse_args()
@@ -324,6 +359,10 @@ def main() -> None:
                 "hits_per_request": round(f_results.get("filtered_hits", 0) / max(1, len(f_lat)), 2),  # all checked against their filter
             }
 
+        big: dict = {}
+        if args.big_requests:
+            big = asyncio.run(big_with_health(url, qs, args.big_requests, headers))
+
         # Every revision seen must be the one published at or before its response's generation,
         # and no older than the newest published at that generation.
         gens = sorted(published)
@@ -359,6 +398,7 @@ def main() -> None:
             "http_vs_in_process_p50": round(pct(base["http_sequential"], 50) / pct(base["in_process"], 50), 2),
             "concurrent_vs_sequential_http_throughput": round(len(lat) / elapsed / (len(base["http_sequential"]) / sum(base["http_sequential"])), 2),
             "filtered": filtered,
+            "big_requests": big,
         }
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
