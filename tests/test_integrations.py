@@ -215,3 +215,187 @@ def test_readme_rag_examples_run(sample_retriever, tmp_path, monkeypatch):
         exec(code, {"llm": llms[extra], "print": lambda *a: printed.append(" ".join(map(str, a)))})
         assert printed, extra
     assert "Loan decisions now take two business days." in printed[-1]  # haystack: the prompt held the memo
+
+
+# ---- async paths, per-call arguments, concurrency ------------------------------------------------
+
+class Gated(Retriever):
+    """The real Retriever; each search first waits for `ticked` (set by a coroutine running beside
+    it) and records whether it came and on which thread the search ran. A search run on the event
+    loop's own thread would block that coroutine, so `ticked` could not come while it waited."""
+
+    def __init__(self, r: Retriever):
+        import threading
+
+        super().__init__(r.folder, r.manifest, r.vectors, r.docs, r.encoder)
+        self.ticked = threading.Event()
+        self.saw: list[tuple[bool, int]] = []
+
+    def search_batch(self, queries, k=10, mode=None, where=None, fusion="convex", alpha=None):
+        import threading
+
+        self.saw.append((self.ticked.wait(60), threading.get_ident()))  # 60 s: a safety net, not a measure
+        return super().search_batch(queries, k, mode, where, fusion, alpha)
+
+    def search_vectors(self, qv, k=10, where=None):
+        import threading
+
+        self.saw.append((self.ticked.wait(60), threading.get_ident()))
+        return super().search_vectors(qv, k, where)
+
+
+def off_the_loop(gated: Gated, make_call):
+    """Run `make_call()` (a coroutine) beside a coroutine that sets gated.ticked after the call
+    started; give back the call's result once asserting that the search ran on another thread
+    than the loop's and that the loop went on meanwhile (the tick came before the search ended)."""
+    import threading
+
+    order: list[str] = []
+
+    async def main():
+        async def tick():
+            await asyncio.sleep(0)  # the call has started and reached its first await
+            order.append("tick")
+            gated.ticked.set()
+
+        async def call():
+            out = await make_call()
+            order.append("call done")
+            return out
+
+        return (await asyncio.gather(call(), tick()))[0], threading.get_ident()
+
+    gated.ticked.clear()
+    gated.saw.clear()
+    out, loop_thread = asyncio.run(main())
+    assert gated.saw and all(ok for ok, _ in gated.saw), "the search waited for the loop in vain: it ran on the loop"
+    assert all(t != loop_thread for _, t in gated.saw)
+    assert order == ["tick", "call done"]
+    return out
+
+
+def _ids(docs):
+    return [d.id for d in docs]
+
+
+def test_langchain_per_call_arguments(sample_retriever):
+    pytest.importorskip("langchain_core")
+    from semsearch.integrations.langchain import SemsearchRetriever
+
+    lr = SemsearchRetriever(retriever=sample_retriever, k=4)
+    fr = [d.metadata["doc_id"] for d in lr.invoke("loan decision", where={"lang": "fr"})]
+    assert fr == ["memo-8"]
+    # the same through ainvoke / abatch, and in LangChain's spellings: filter=, search_kwargs=
+    assert [d.metadata["doc_id"] for d in asyncio.run(lr.ainvoke("loan decision", where={"lang": "fr"}))] == fr
+    assert [d.metadata["doc_id"] for d in asyncio.run(lr.ainvoke("loan decision", filter={"lang": {"$eq": "fr"}}))] == fr
+    assert [d.metadata["doc_id"] for d in lr.invoke("loan decision", search_kwargs={"k": 3, "filter": {"lang": "fr"}})] == fr
+    assert len(asyncio.run(lr.ainvoke(QUERY, k=2))) == 2
+    assert len(lr.invoke(QUERY, search_kwargs={"k": 1})) == 1
+    assert len(lr.invoke(QUERY, k=2, search_kwargs={"k": 1})) == 2  # given directly wins
+    newer = asyncio.run(lr.ainvoke("loan decision", k=5, filter={"$and": [{"year": {"$gte": 2024}}, {"lang": {"$in": ["en", "fr"]}}]}))
+    assert [d.metadata["doc_id"] for d in newer] == ["memo-7"]
+    both = asyncio.run(lr.abatch(["loan decision", "loan decision"], k=1, where=["year>=2023", "lang=fr"]))
+    assert [[d.metadata["doc_id"] for d in b] for b in both] == [["memo-8"], ["memo-8"]]
+    lexical = asyncio.run(lr.ainvoke(QUERY, k=2, mode="lexical"))
+    assert _ids(lexical) == [str(h.id) for h in sample_retriever.search(QUERY, 2, mode="lexical")]
+    assert all(d.metadata["score"] >= 0 for d in lexical)
+
+    # constructor and call refuse the same things alike; the list form of where is taken by both
+    for bad in ({"k": 0}, {"k": -1}, {"mode": "fuzzy"}, {"where": {"year": {"~": 1}}}, {"filter": {"$or": []}}):
+        with pytest.raises(InputError) as at_init:
+            SemsearchRetriever(retriever=sample_retriever, **bad)
+        with pytest.raises(InputError) as at_call:
+            lr.invoke(QUERY, **bad)
+        with pytest.raises(InputError) as at_acall:
+            asyncio.run(lr.ainvoke(QUERY, **bad))
+        assert str(at_init.value) == str(at_call.value) == str(at_acall.value)
+    listed = SemsearchRetriever(retriever=sample_retriever, k=5, where=["year>=2010", "lang=en"])
+    assert [d.metadata["doc_id"] for d in listed.invoke("loan decision")] == ["memo-7"]
+    assert [d.metadata["doc_id"] for d in SemsearchRetriever(retriever=sample_retriever, search_kwargs={"k": 5, "filter": {"lang": "fr"}})
+            .invoke("loan decision")] == ["memo-8"]
+    with pytest.raises(InputError, match="not both"):
+        lr.invoke(QUERY, where={"lang": "en"}, filter={"lang": "en"})
+    with pytest.raises(InputError, match="unknown argument"):
+        lr.invoke(QUERY, top_k=3)
+    with pytest.raises(InputError, match="search_kwargs"):
+        lr.invoke(QUERY, search_kwargs={"score_threshold": 0.5})
+
+
+def test_langchain_ainvoke_runs_off_the_loop(sample_retriever):
+    pytest.importorskip("langchain_core")
+    from semsearch.integrations.langchain import SemsearchRetriever
+
+    lr = SemsearchRetriever(retriever=Gated(sample_retriever), k=3)
+    docs = off_the_loop(lr.retriever, lambda: lr.ainvoke(QUERY, k=2, where={"lang": "en"}))
+    assert [d.metadata["doc_id"] for d in docs][:1] == ["memo-7"] and len(docs) == 1
+
+
+@pytest.mark.skipif(not HAS_WHERE, reason="Retriever.search_batch has no `where` yet (issue #9)")
+def test_langchain_concurrent_ainvoke_matches_serial(sample_retriever):
+    """8 ainvoke calls at once, each with its own k and where, give what the same calls give one by one."""
+    pytest.importorskip("langchain_core")
+    from semsearch.integrations.langchain import SemsearchRetriever
+
+    lr = SemsearchRetriever(retriever=sample_retriever, k=4)
+    calls = [("loan decision", 1, {"lang": "fr"}), (QUERY, 3, None), ("loan decision", 5, {"year": {">=": 2024}}),
+             ("bank news", 2, {"topic": "banking"}), ("savings account", 4, {"category": {"!=": "lending"}}),
+             ("loan decision", 5, ["year>=2020", "lang=en"]), ("sourdough starter", 2, None),
+             ("loan decision", 3, {"year": {"<": 2024}})]
+    serial = [lr.invoke(q, k=k, where=w) for q, k, w in calls]
+
+    async def together():
+        return await asyncio.gather(*(lr.ainvoke(q, k=k, where=w) for q, k, w in calls))
+
+    for _ in range(3):
+        concurrent = asyncio.run(together())
+        assert [[(d.id, d.page_content) for d in docs] for docs in concurrent] == \
+               [[(d.id, d.page_content) for d in docs] for docs in serial]
+    assert [len(s) for s in serial] == [1, 3, 1, 2, 4, 1, 2, 1]
+    assert [d.metadata["doc_id"] for d in serial[2]] == ["memo-7"]
+    assert all(d.metadata["topic"] == "banking" for d in serial[3])
+
+
+def test_haystack_run_async(sample_retriever):
+    pytest.importorskip("haystack")
+    from semsearch.integrations.haystack import SemsearchRetriever
+
+    comp = SemsearchRetriever(retriever=Gated(sample_retriever), top_k=3)
+    comp._retriever.ticked.set()  # the gate waits for a tick: a sync call has no loop to give one
+    sync = comp.run(query=QUERY, top_k=2)["documents"]
+    out = off_the_loop(comp._retriever, lambda: comp.run_async(query=QUERY, top_k=2))["documents"]
+    assert [(d.id, d.content, d.score) for d in out] == [(d.id, d.content, d.score) for d in sync]
+    fr = off_the_loop(comp._retriever, lambda: comp.run_async(
+        query="loan decision", filters={"field": "meta.lang", "operator": "==", "value": "fr"}))["documents"]
+    assert [d.meta["doc_id"] for d in fr] == ["memo-8"]
+    comp._retriever.ticked.set()
+    assert [d.meta["doc_id"] for d in comp.run(query="loan decision", top_k=5, where=["year>=2024"])["documents"]] == ["memo-7"]
+    with pytest.raises(InputError, match="not both"):
+        asyncio.run(comp.run_async(query=QUERY, filters={"lang": "en"}, where={"lang": "en"}))
+    with pytest.raises(InputError, match="positive"):
+        asyncio.run(comp.run_async(query=QUERY, top_k=0))
+
+
+def test_haystack_async_pipeline(sample_retriever):
+    pytest.importorskip("haystack")
+    import haystack
+
+    from semsearch.integrations.haystack import SemsearchRetriever
+
+    # Haystack 2 runs async components in AsyncPipeline; Haystack 3 in Pipeline.run_async
+    p = getattr(haystack, "AsyncPipeline", haystack.Pipeline)()
+    p.add_component("retriever", SemsearchRetriever(retriever=sample_retriever, top_k=2))
+    out = asyncio.run(p.run_async({"retriever": {"query": QUERY}}))["retriever"]["documents"]
+    assert [d.id for d in out] == [str(h.id) for h in sample_retriever.search(QUERY, 2)]
+
+
+def test_llamaindex_aretrieve_runs_off_the_loop(sample_retriever):
+    pytest.importorskip("llama_index.core")
+    from llama_index.core.schema import QueryBundle
+
+    from semsearch.integrations.llamaindex import SemsearchRetriever
+
+    li = SemsearchRetriever(Gated(sample_retriever), similarity_top_k=3, where=["year>=2020"])
+    nodes = off_the_loop(li._semsearch, lambda: li.aretrieve(QueryBundle("loan decision")))
+    assert sorted(n.node.metadata["doc_id"] for n in nodes) == ["memo-7", "memo-8"]
+    with pytest.raises(InputError):
+        SemsearchRetriever(sample_retriever, similarity_top_k=0)
