@@ -399,3 +399,157 @@ def test_llamaindex_aretrieve_runs_off_the_loop(sample_retriever):
     assert sorted(n.node.metadata["doc_id"] for n in nodes) == ["memo-7", "memo-8"]
     with pytest.raises(InputError):
         SemsearchRetriever(sample_retriever, similarity_top_k=0)
+
+
+# ---- the LangChain vector store -----------------------------------------------------------------
+
+NOTES = [("n1", "Loan decisions now take two business days.", {"lang": "en", "year": 2024, "team": "credit"}),
+         ("n2", "Les décisions de prêt prennent deux jours.", {"lang": "fr", "year": 2023, "team": "credit"}),
+         ("n3", "Simmer red lentils with cumin for twenty minutes.", {"lang": "en", "year": 2019, "team": "kitchen"}),
+         ("n4", "Meteor showers come when Earth crosses a comet's trail.", {"lang": "en", "year": 2021, "team": "sky"})]
+
+
+@pytest.fixture
+def note_store(tmp_path, real_encoder):
+    pytest.importorskip("langchain_core")
+    from langchain_core.documents import Document
+
+    from semsearch.integrations.langchain import SemsearchVectorStore
+
+    store = SemsearchVectorStore.from_index(tmp_path / "notes", encoder=real_encoder)
+    assert store.add_documents([Document(page_content=t, metadata=m) for _, t, m in NOTES], ids=[i for i, _, _ in NOTES]) == \
+        [i for i, _, _ in NOTES]
+    yield store
+    store.retriever.close()
+
+
+def test_vector_store_search_and_filters(note_store):
+    from langchain_core.vectorstores import VectorStore
+
+    assert isinstance(note_store, VectorStore)
+    scored = note_store.similarity_search_with_score("How long does a loan decision take?", k=4)
+    assert [d.id for d, _ in scored][0] == "n1" and len(scored) == 4
+    scores = [s for _, s in scored]
+    assert scores == sorted(scores, reverse=True) and all(-1 <= s <= 1 for s in scores)
+    assert scored[0][0].metadata == NOTES[0][2] and scored[0][0].page_content == NOTES[0][1]
+    exact = note_store.similarity_search_with_score(NOTES[2][1], k=1)[0]
+    assert exact[0].id == "n3" and exact[1] == pytest.approx(1.0, abs=1e-4)
+
+    def ids(**kw):
+        return [d.id for d in note_store.similarity_search("loan decision", k=4, **kw)]
+
+    assert ids(filter={"lang": "fr"}) == ["n2"]
+    assert sorted(ids(filter={"year": {"$gte": 2021}})) == ["n1", "n2", "n4"]
+    assert ids(filter={"$and": [{"team": {"$in": ["credit", "sky"]}}, {"lang": {"$ne": "fr"}}, {"year": {"$lt": 2024}}]}) == ["n4"]
+    assert sorted(ids(filter=["year>=2020", "lang=en"])) == ["n1", "n4"]
+    assert sorted(ids(where={"team": "kitchen"})) == ["n3"]
+    assert ids(filter={"lang": "de"}) == []
+    assert ids(mode="hybrid")[0] == ids(mode="lexical")[0] == "n1"
+    with pytest.raises(InputError, match=r"\$or"):
+        ids(filter={"$or": [{"lang": "fr"}, {"lang": "en"}]})
+    with pytest.raises(InputError, match="unknown argument"):
+        ids(fetch_k=10)
+
+    # by vector: the store's own embeddings give the dense search's results
+    qv = note_store.embeddings.embed_query("loan decision")
+    assert [d.id for d in note_store.similarity_search_by_vector(qv, k=3)] == ids()[:3]
+    assert [d.id for d in note_store.similarity_search_by_vector(qv, k=3, filter={"lang": "en"})] == ids(filter={"lang": "en"})[:3]
+    with pytest.raises(InputError, match="dimensions"):
+        note_store.similarity_search_by_vector([1.0, 0.0], k=1)
+    relevance = note_store.similarity_search_with_relevance_scores("loan decision", k=4)
+    assert all(0 <= r <= 1 for _, r in relevance)
+
+
+def test_vector_store_as_retriever(note_store):
+    r = note_store.as_retriever(search_kwargs={"k": 2, "filter": {"team": "credit"}})
+    assert sorted(d.id for d in r.invoke("loan decision")) == ["n1", "n2"]
+    assert [d.id for d in asyncio.run(r.ainvoke("loan decision"))] == [d.id for d in r.invoke("loan decision")]
+    mmr = note_store.as_retriever(search_type="mmr", search_kwargs={"k": 3, "fetch_k": 4}).invoke("loan decision")
+    assert len(mmr) == 3 and mmr[0].id == "n1" and len({d.id for d in mmr}) == 3
+    high = note_store.as_retriever(search_type="similarity_score_threshold",
+                                   search_kwargs={"k": 4, "score_threshold": 0.5}).invoke(NOTES[3][1])
+    assert [d.id for d in high] == ["n4"]
+
+
+def test_vector_store_long_documents_come_back_whole(note_store):
+    from langchain_core.documents import Document
+
+    words = " ".join(f"Clause {i}: the borrower repays the loan in equal monthly parts." for i in range(60))
+    long = f"Terms of the loan agreement. {words} Signed in Lisbon."
+    note_store.add_documents([Document(page_content=long, metadata={"kind": "contract"})], ids=["contract"])
+    assert len(note_store.retriever.docs.get_chunks(range(1, 100))) > 5  # it was stored as several chunks
+    got = note_store.get_by_ids(["contract", "missing", "n1"])
+    assert [d.id for d in got] == ["contract", "n1"]
+    assert got[0].page_content == long and got[0].metadata == {"kind": "contract"}
+    hits = note_store.similarity_search("borrower repays the loan in monthly parts", k=3)
+    assert [d.id for d in hits].count("contract") == 1 and len(hits) == 3  # one document, not its chunks
+    assert next(d for d in hits if d.id == "contract").page_content == long
+    note_store.delete(["contract", "never-there"])
+    assert note_store.get_by_ids(["contract"]) == []
+    assert "contract" not in [d.id for d in note_store.similarity_search("borrower repays the loan", k=5)]
+
+
+def test_vector_store_async_off_the_loop_and_concurrent_writes(note_store):
+    from langchain_core.documents import Document
+
+    from semsearch.integrations.langchain import SemsearchVectorStore
+
+    gated = SemsearchVectorStore(Gated(note_store.retriever))
+    docs = off_the_loop(gated.retriever, lambda: gated.asimilarity_search("loan decision", k=2, filter={"lang": "en"}))
+    assert [d.id for d in docs][0] == "n1"
+    by_vec = off_the_loop(gated.retriever, lambda: gated.asimilarity_search_by_vector(
+        gated.embeddings.embed_query("lentil soup"), k=1))
+    assert [d.id for d in by_vec] == ["n3"]
+    gated.retriever.ticked.set()
+
+    # 8 writers at once from the event loop: each write waits its turn for the index
+    async def add_all():
+        return await asyncio.gather(*(note_store.aadd_documents([Document(page_content=f"Note {i} about topic {i}.",
+                                                                          metadata={"batch": i})], ids=[f"c{i}"])
+                                      for i in range(8)))
+
+    assert asyncio.run(add_all()) == [[f"c{i}"] for i in range(8)]
+    assert sorted(d.id for d in note_store.get_by_ids([f"c{i}" for i in range(8)])) == [f"c{i}" for i in range(8)]
+    assert [d.id for d in asyncio.run(note_store.asimilarity_search("Note 5 about topic 5.", k=1))] == ["c5"]
+    asyncio.run(note_store.adelete([f"c{i}" for i in range(8)]))
+    assert asyncio.run(note_store.aget_by_ids(["c1", "n1"]))[0].id == "n1"
+
+
+def test_vector_store_from_texts(real_encoder, tmp_path):
+    pytest.importorskip("langchain_core")
+    import gc
+
+    from langchain_core.documents import Document
+    from langchain_core.embeddings import DeterministicFakeEmbedding
+
+    from semsearch.integrations.langchain import SemsearchEmbeddings, SemsearchVectorStore
+
+    emb = SemsearchEmbeddings(real_encoder)
+    store = SemsearchVectorStore.from_texts(["red lentil soup", "meteor showers"], emb, metadatas=[{"a": 1}, {"a": 2}], ids=["s", "m"])
+    folder = store.folder
+    assert folder.exists() and [d.id for d in store.similarity_search("comet debris", k=1)] == ["m"]
+    store.retriever.close()
+    del store
+    gc.collect()
+    assert not folder.exists()  # a store without a folder of its own keeps none
+
+    kept = SemsearchVectorStore.from_documents([Document(page_content="sourdough starter", metadata={"b": 1}, id="bread")], emb,
+                                               index=tmp_path / "kept")
+    assert kept.get_by_ids(["bread"])[0].metadata == {"b": 1}
+    again = SemsearchVectorStore.from_index(tmp_path / "kept", encoder=real_encoder)  # the folder holds it
+    assert [d.id for d in again.similarity_search("bread", k=1)] == ["bread"]
+    assert len(emb.embed_documents(["a", "b"])) == 2 and len(emb.embed_query("a")) == again.retriever.manifest.dim
+    with pytest.raises(InputError, match="own model"):
+        SemsearchVectorStore.from_texts(["x"], DeterministicFakeEmbedding(size=6))
+
+
+def test_vector_store_over_a_corpus_index(sample_retriever):
+    pytest.importorskip("langchain_core")
+    from semsearch.integrations.langchain import SemsearchVectorStore
+
+    store = SemsearchVectorStore(sample_retriever, mode="hybrid")
+    docs = store.similarity_search(QUERY, k=3)
+    hits = sample_retriever.search(QUERY, k=3, mode="hybrid")
+    assert [d.id for d in docs] == [h.path[len("api:"):] if h.path.startswith("api:") else str(h.id) for h in hits]
+    csv = next(d for d in docs if d.metadata.get("source", "").endswith("bank_faq.csv"))
+    assert csv.metadata["category"] == "lending" and "location" in csv.metadata and "score" not in csv.metadata
