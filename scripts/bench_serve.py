@@ -9,12 +9,14 @@ It indexes the corpus (default: the bundled sample) into a temporary folder, sta
 20% POST /embed, with SciFact queries as texts where the data is there. Meanwhile one writer
 upserts a revised document and a new one, and deletes an older one, over and over.
 
-Then a filtered run: --clients clients send only filtered searches (POST /search with
+Then two runs of searches only, with the writer going on: a control without filters, then a
+filtered run: --clients clients send only filtered searches (POST /search with
 `where={"year": {">=": 2010}}`, passing about half of the seeded documents, and with the equality
 `where={"lang": "de"}`, about 2%; GET /search with `where=year>=2010` and `where=lang=de`) while the
 writer goes on; every hit must satisfy its filter. The filters select among --seed-docs documents
 upserted before the runs (SciFact abstracts where the data is there, else generated notes), with
-metadata year (1995-2024) and lang ("de" for one in 50, else "en").
+metadata year (1995-2024) and lang ("de" for one in 50, else "en"). Last, --big-requests
+searches of 10 queries x k=1000 (the default --max-results) while another client polls /health.
 
 Checks, all reported: every request answered 200; each client's responses never go back a
 generation; the revised document, whenever it comes back, has the text and metadata of one
@@ -47,6 +49,7 @@ REPO = Path(__file__).resolve().parent.parent
 SCIFACT = REPO.parent / "shared" / "data" / "beir" / "scifact"
 MIX = [("search", 0.4), ("search_get", 0.2), ("openai", 0.2), ("tei", 0.2)]
 FILTERED_MIX = [("filter_num", 0.35), ("filter_eq", 0.35), ("filter_num_get", 0.15), ("filter_eq_get", 0.15)]
+UNFILTERED_MIX = [("plain", 0.7), ("plain_get", 0.3)]  # the same searches without a filter: the control
 NUM_WHERE, EQ_WHERE = {"year": {">=": 2010}}, {"lang": "de"}
 REV_QUERY = "revision marker of the load test document"
 
@@ -92,6 +95,10 @@ def request_for(kind: str, q: str, rng: random.Random):
         return "GET", "/search", {"q": q, "k": 10}
     if kind == "openai":
         return "POST", "/v1/embeddings", {"input": [q, q[::-1]]}
+    if kind == "plain":
+        return "POST", "/search", {"query": q, "k": 10}
+    if kind == "plain_get":
+        return "GET", "/search", {"q": q, "k": 10}
     if kind == "filter_num":
         return "POST", "/search", {"query": q, "k": 10, "where": NUM_WHERE}
     if kind == "filter_eq":
@@ -130,7 +137,7 @@ async def client(cid: int, url: str, n: int, qs: list[str], results: dict, publi
             if r.status_code != 200:
                 problems.append(f"{method} {path}: {r.status_code} {r.text[:200]}")
                 continue
-            if kind.startswith(("search", "filter")):
+            if kind.startswith(("search", "filter", "plain")):
                 data = r.json()
                 problems.extend(filter_violations(kind, data["hits"]))
                 if kind.startswith("filter"):
@@ -259,7 +266,7 @@ def main() -> None:
     ap.add_argument("--baseline-calls", type=int, default=40, help="Calls per baseline round (in-process, then over HTTP, one at a time).")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--write-interval", type=float, default=0.2, help="Seconds between the writer's upserts.")
-    ap.add_argument("--filtered-requests", type=int, default=1000, help="Requests of the filtered run (0: skip it).")
+    ap.add_argument("--filtered-requests", type=int, default=1000, help="Requests of the filtered run, and of its unfiltered control (0: skip both).")
     ap.add_argument("--seed-docs", type=int, default=300, help="Documents with year/lang metadata upserted before the runs.")
     ap.add_argument("--big-requests", type=int, default=3, help="Searches of --max-results hits (10 queries x k=1000) while /health is polled (0: skip).")
     ap.add_argument("--api-key", action="store_true", help="Run the server with an API key and send it (the cost of checking it).")
@@ -341,23 +348,32 @@ def main() -> None:
         elapsed, next_write = asyncio.run(run(args.requests, MIX, results, problems, writes, 0))
         passes1 = httpx.get(url + "/info", headers=headers).json()["encoder_passes"]
 
+        n_published = len(published)
+
+        def search_run(mix: list, start: int) -> tuple[dict, int]:
+            """A run of searches only, from the same clients, with the writer going on."""
+            res: dict = {}
+            probs: list[str] = []
+            wr: list[float] = []
+            secs, nxt = asyncio.run(run(args.filtered_requests, mix, res, probs, wr, start))
+            lat_ = [x for k, v in res.items() if k in dict(mix) for x in v]
+            hits = res.get("filtered_hits", 0)
+            return {
+                "clients": args.clients, "requests": len(lat_), "errors": len(probs), "problems": probs[:20],
+                "seconds": round(secs, 2), "requests_per_s": round(len(lat_) / secs, 1),
+                "p50_ms": round(1000 * pct(lat_, 50), 2), "p99_ms": round(1000 * pct(lat_, 99), 2),
+                "by_kind": {k: {"n": len(res.get(k, [])), "p50_ms": round(1000 * pct(res.get(k, []), 50), 2),
+                                "p99_ms": round(1000 * pct(res.get(k, []), 99), 2)} for k, _ in mix},
+                "writes": {"n": len(wr), "p50_ms": round(1000 * pct(wr, 50), 1), "p99_ms": round(1000 * pct(wr, 99), 1)},
+                "generations_seen": len(res.get("generations", ())),
+                **({"hits_per_request": round(hits / max(1, len(lat_)), 2)} if hits else {}),  # each checked against its filter
+            }, nxt
+
+        unfiltered: dict = {}
         filtered: dict = {}
-        if args.filtered_requests:
-            f_results: dict = {}
-            f_problems: list[str] = []
-            f_writes: list[float] = []
-            f_elapsed, _ = asyncio.run(run(args.filtered_requests, FILTERED_MIX, f_results, f_problems, f_writes, next_write))
-            f_lat = [x for k, v in f_results.items() if k in dict(FILTERED_MIX) for x in v]
-            filtered = {
-                "clients": args.clients, "requests": len(f_lat), "errors": len(f_problems), "problems": f_problems[:20],
-                "seconds": round(f_elapsed, 2), "requests_per_s": round(len(f_lat) / f_elapsed, 1),
-                "p50_ms": round(1000 * pct(f_lat, 50), 2), "p99_ms": round(1000 * pct(f_lat, 99), 2),
-                "by_kind": {k: {"n": len(f_results.get(k, [])), "p50_ms": round(1000 * pct(f_results.get(k, []), 50), 2),
-                                "p99_ms": round(1000 * pct(f_results.get(k, []), 99), 2)} for k, _ in FILTERED_MIX},
-                "writes": {"n": len(f_writes), "p50_ms": round(1000 * pct(f_writes, 50), 1), "p99_ms": round(1000 * pct(f_writes, 99), 1)},
-                "generations_seen": len(f_results.get("generations", ())),
-                "hits_per_request": round(f_results.get("filtered_hits", 0) / max(1, len(f_lat)), 2),  # all checked against their filter
-            }
+        if args.filtered_requests:  # the same searches without, then with filters
+            unfiltered, next_write = search_run(UNFILTERED_MIX, next_write)
+            filtered, next_write = search_run(FILTERED_MIX, next_write)
 
         big: dict = {}
         if args.big_requests:
@@ -387,7 +403,7 @@ def main() -> None:
             "p50_ms": round(1000 * pct(lat, 50), 2), "p99_ms": round(1000 * pct(lat, 99), 2),
             "by_kind": {k: {"n": len(results.get(k, [])), "p50_ms": round(1000 * pct(results.get(k, []), 50), 2),
                             "p99_ms": round(1000 * pct(results.get(k, []), 99), 2)} for k, _ in MIX},
-            "writes": {"n": len(writes), "interval_s": args.write_interval, "generations_published": len(published),
+            "writes": {"n": len(writes), "interval_s": args.write_interval, "generations_published": n_published,
                        "p50_ms": round(1000 * pct(writes, 50), 1), "p99_ms": round(1000 * pct(writes, 99), 1)},
             "texts_per_encoder_pass": round((passes1["texts"] - passes0["texts"]) / max(1, passes1["passes"] - passes0["passes"]), 2),
             "generations_seen_by_searches": len(results.get("generations", ())),
@@ -397,13 +413,14 @@ def main() -> None:
             "http_overhead_p50_ms": round(1000 * (pct(base["http_sequential"], 50) - pct(base["in_process"], 50)), 2),
             "http_vs_in_process_p50": round(pct(base["http_sequential"], 50) / pct(base["in_process"], 50), 2),
             "concurrent_vs_sequential_http_throughput": round(len(lat) / elapsed / (len(base["http_sequential"]) / sum(base["http_sequential"])), 2),
+            "unfiltered_searches": unfiltered,
             "filtered": filtered,
             "big_requests": big,
         }
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
         print(json.dumps(report, indent=2))
-        if problems or (filtered and filtered["errors"]):
+        if problems or any(x and x["errors"] for x in (unfiltered, filtered)):
             raise SystemExit(1)
     finally:
         if proc is not None:
