@@ -108,22 +108,20 @@ class HostPolicy:
 
     A rebinding attack makes a browser send the attacker's own host name to this server, so
     names are checked; loopback names are always allowed (an attacker cannot make a browser
-    send them for its own page). Listening on loopback: those names only. Beyond: also the
-    bound address, `extra` names (`*.example.com` for subdomains, `*` for any), and where the
-    server listens on every address (0.0.0.0, ::), any IP literal (a page cannot be served
-    from an IP address and rebind it)."""
+    send them for its own page). Also the bound address, `extra` names (`*.example.com` for
+    subdomains, `*` for any), and where the server listens on every address (0.0.0.0, ::), any
+    IP literal (a page cannot be served from an IP address and rebind it)."""
 
     def __init__(self, bound: str = "127.0.0.1", extra: Iterable[str] = ()):
         self.names = set(LOOPBACK_NAMES)
         self.suffixes: list[str] = []
         self.any = False
         self.any_ip = False
-        if not is_loopback(bound):
-            b = bound.strip().strip("[]").lower()
-            if b in ("0.0.0.0", "::", ""):
-                self.any_ip = True
-            else:
-                self.names.add(b)
+        b = bound.strip().strip("[]").lower()
+        if b in ("0.0.0.0", "::", ""):
+            self.any_ip = True
+        else:
+            self.names.add(b)  # the address itself (127.0.0.2 is loopback too)
         for name in extra:
             n = name.strip().lower().rstrip(".")
             if n == "*":

@@ -141,7 +141,8 @@ def test_host_header_parsing_and_policies():
         ["localhost", "::1", "::1", "example.com", None, None, None]
     loop = HostPolicy("127.0.0.1")
     assert all(loop.allows(h) for h in ("localhost", "localhost:1234", "127.0.0.1:8000", "[::1]:8000", "LOCALHOST"))
-    assert not any(loop.allows(h) for h in ("evil.example.com", "localhost.evil.com", "10.0.0.5", "", None))
+    assert not any(loop.allows(h) for h in ("evil.example.com", "localhost.evil.com", "10.0.0.5", "127.0.0.2", "", None))
+    assert HostPolicy("127.0.0.2").allows("127.0.0.2:8000")
     named = HostPolicy("10.1.2.3", ["search.example.com", "*.corp.example"])
     assert all(named.allows(h) for h in ("search.example.com:443", "a.corp.example", "10.1.2.3:8000", "localhost:8000"))
     assert not any(named.allows(h) for h in ("evil.com", "10.9.9.9", "corp.example.evil.com", "xcorp.example"))
