@@ -160,7 +160,7 @@ def main() -> None:
         results.append(row)
         print(f"\n{n:,} chunks, {row['type']}; lexical side loaded in {load_lex:.2f} s; first use of a filter "
               f"(reads the field): {row['first_filter_ms']} ms; pass fractions {row['pass_fraction']}")
-        print(f"| search (k=10) | p50 ms | p90 ms | p50 / unfiltered p50 |\n|---|---|---|---|")
+        print("| search (k=10) | p50 ms | p90 ms | p50 / unfiltered p50 |\n|---|---|---|---|")
         for label, p50 in row["p50_ms"].items():
             base = row["p50_ms"][f"{label.split()[0]} none"]
             print(f"| {label} | {p50:.2f} | {row['p90_ms'][label]:.2f} | {p50 / base:.2f} |")

@@ -35,7 +35,7 @@ def main() -> None:
     head = None
     poolings = ["cls", "mean", "max"]
     if args.head:
-        from semsearch.train.head import head_info, load_head
+        from semsearch.encoder.heads import head_info, load_head
 
         head = load_head(args.head)
         poolings.append("head")

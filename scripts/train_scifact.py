@@ -72,7 +72,7 @@ def main() -> None:
     from semsearch.encoder import Encoder
     from semsearch.eval import exact_search, format_table, load_beir, read_qrels, to_run, trec_metrics
     from semsearch.store.manifest import Manifest
-    from semsearch.train.head import load_head, unseen_document_queries
+    from semsearch.encoder.heads import load_head, unseen_document_queries
     from semsearch.train.query_tower import index_vectors
 
     test = load_beir(args.data, "test")

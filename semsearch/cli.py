@@ -382,7 +382,7 @@ def eval_(dataset, split, pooling, heads, model, ks, index, pairs, pair_columns,
             data = _subset(ev.load_beir(dataset, split), max_queries, max_docs)
             subsets = None
             if heads:
-                from semsearch.train.head import unseen_document_queries
+                from semsearch.encoder.heads import unseen_document_queries
 
                 unseen = unseen_document_queries(heads[0], data.qrels)
                 subsets = {"unseen documents": unseen} if unseen is not None else None

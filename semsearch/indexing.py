@@ -90,7 +90,7 @@ def encoder_for_index(base: Manifest | None, model: str | None = None, pooling: 
     """The encoder to (re)index with: what was asked for, else the index's own settings, else the
     defaults (bundled model, mean pooling). A head must have been trained on the same weights."""
     from semsearch.encoder.encoder import Encoder
-    from semsearch.train.head import head_info, head_pooling, is_query_head, load_head, read_head_config
+    from semsearch.encoder.heads import head_info, head_pooling, is_query_head, load_head, read_head_config
 
     head_mod = info = None
     if head is not None:
@@ -120,7 +120,7 @@ def resolve_chunking(base: Manifest | None, encoder, window: int | None, overlap
 
 def _pooling_head(info: dict | None) -> str | None:
     """The fingerprint of a pooling head (None for none, or for trained query layers)."""
-    from semsearch.train.head import is_query_head
+    from semsearch.encoder.heads import is_query_head
 
     return None if not info or is_query_head(info) else info.get("fingerprint")
 

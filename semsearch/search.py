@@ -362,13 +362,13 @@ def _query_encoder(folder: Path, m, model: str | None, device: str, fast_start: 
     if model is not None and resolve_model(model)[0] != m.model:
         raise SettingsMismatch(f"{folder} was built with model {m.model!r}, not {model!r}; query it without --model, or rebuild it")
     if m.head:
-        from semsearch.train.head import head_info
+        from semsearch.encoder.heads import head_info
 
         if head_info(m.head["path"])["fingerprint"] != m.head["fingerprint"]:
             raise SettingsMismatch(f"the pooling head at {m.head['path']} changed since {folder} was built; "
                                    "re-pool the index with `semsearch index CORPUS --head DIR`")
     from semsearch.encoder.hardware import precision_for_index, resolve_device
-    from semsearch.train.head import is_query_head
+    from semsearch.encoder.heads import is_query_head
 
     _, where = resolve_model(m.model)
     on_cpu = device != "cuda" if fast_start else resolve_device(device) == "cpu"
@@ -387,7 +387,7 @@ def _query_encoder(folder: Path, m, model: str | None, device: str, fast_start: 
             return NumpyEncoder(where, m.model, fp, m.pooling, m.max_length, m.head["path"] if m.head else None,
                                 int8=precision == "int8")
     from semsearch.encoder.encoder import Encoder
-    from semsearch.train.head import load_head
+    from semsearch.encoder.heads import load_head
 
     enc = Encoder(m.model, pooling=m.pooling, device=device, precision=precision, max_length=m.max_length,
                   head=load_head(m.head["path"]) if m.head else None)

@@ -8,8 +8,9 @@ import torch
 from click.testing import CliRunner
 
 from semsearch.cli import main
-from semsearch.train.head import head_info, load_head
-from semsearch.train.query_tower import QueryTower, _hidden, save_tower
+from semsearch.encoder.heads import head_info, load_head
+from semsearch.encoder.query_layers import QueryTower
+from semsearch.train.query_tower import _hidden, save_tower
 
 from test_train import write_beir
 

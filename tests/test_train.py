@@ -12,7 +12,8 @@ from click.testing import CliRunner
 from semsearch.cli import main
 from semsearch.encoder.pooling import AttentionHead, mean_pool
 from semsearch.train.data import PairData
-from semsearch.train.head import load_head, save_head
+from semsearch.encoder.heads import load_head
+from semsearch.train.head import save_head
 from semsearch.train.loss import mnr_loss
 from semsearch.train.trainer import TrainConfig, _batches, train_head
 

@@ -35,7 +35,7 @@ class Encoder:
     The native backend runs the BERT-family encoder of SEEDS.md; other architectures go through
     sentence-transformers behind the same interface. `pooling` is 'cls', 'mean', 'max' or 'head'
     (with `head` an AttentionHead). `head` may instead be trained query layers (a PendingTower from
-    train.head.load_head): documents keep `pooling`, and encode_queries() runs queries through
+    encoder.heads.load_head): documents keep `pooling`, and encode_queries() runs queries through
     the fine-tuned top layers (train/query_tower.py).
     """
 
@@ -246,7 +246,7 @@ class Encoder:
             texts = [texts]
         if self.query_tower is None:
             return self.encode(texts, progress)
-        from semsearch.train.query_tower import pad_ids, tower_states
+        from semsearch.encoder.query_layers import pad_ids, tower_states
 
         texts = list(texts)
         ids = self.tokenize(texts)

@@ -128,7 +128,7 @@ def offsets_for(spec: EncodeSpec) -> Callable[[str], list[tuple[int, int]]]:
 def encoder_for(spec: EncodeSpec, device: str):
     """The encoder of spec on device; refuses weights other than the driver's."""
     from semsearch.encoder.encoder import Encoder
-    from semsearch.train.head import load_head
+    from semsearch.encoder.heads import load_head
 
     head = load_head(Path(spec.head)) if spec.head else None
     enc = Encoder(spec.model, pooling=spec.pooling, device=device, precision=spec.precision,

@@ -308,7 +308,6 @@ class VectorIndex:
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """(scores (n, k), ids (n, k)); rows may hold fewer than k hits, padded with id -1."""
-        import faiss
 
         q = np.ascontiguousarray(queries, np.float32)
         if self.device == "cuda" and k <= GPU_MAX_K:

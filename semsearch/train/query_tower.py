@@ -27,10 +27,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
 from torch.nn import functional as F
 
-from semsearch.encoder.transformer import Layer, attention_bias as _bias
+from semsearch.encoder.query_layers import KIND, QueryTower, bottom_states, load_tower, pad_ids, tower_states  # noqa: F401
+from semsearch.encoder.transformer import attention_bias as _bias
 from semsearch.errors import InputError
 from semsearch.progress import bar as progress_bar
 from semsearch.train.data import PairData, texts_checksum
@@ -38,49 +38,8 @@ from semsearch.train.split import DevSplit
 
 log = logging.getLogger(__name__)
 
-KIND = "query-layers"
 FULL_SOFTMAX = 65_536  # corpora up to this many documents: every document is a negative of every query
 SAMPLED_NEGATIVES = 16_384  # larger ones: this many random documents a batch, plus the batch's positives
-
-
-class QueryTower(nn.Module):
-    """The top `n` layers of a BERT encoder, fine-tuned for queries; the layers below stay the
-    base model's (shared with documents). Input: the states after layer `first - 1`."""
-
-    def __init__(self, cfg, first: int, n: int):
-        super().__init__()
-        self.cfg, self.first, self.n = cfg, first, n
-        self.layers = nn.ModuleList(Layer(cfg) for _ in range(n))
-
-    @classmethod
-    def from_base(cls, model, n: int) -> "QueryTower":
-        L = len(model.layers)
-        if not 1 <= n <= L:
-            raise InputError(f"--train-layers {n}: the model has {L} layers; give 1 to {L}")
-        tower = cls(model.cfg, L - n, n)
-        for mine, base in zip(tower.layers, model.layers[L - n :]):
-            mine.load_state_dict({k: v.detach().float().cpu() for k, v in base.state_dict().items()})
-        return tower
-
-    def forward(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        for layer in self.layers:
-            x = layer(x, bias)
-        return x
-
-
-def bottom_states(model, ids: torch.Tensor, mask: torch.Tensor, first: int) -> torch.Tensor:
-    """The base model's states after its first `first` layers (the tower's input)."""
-    x = model.embeddings(ids)
-    bias = _bias(mask, x.dtype)
-    for layer in model.layers[:first]:
-        x = layer(x, bias)
-    return x
-
-
-def tower_states(model, tower: QueryTower, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Token states of queries: the base model's bottom layers, then the tower (fp32)."""
-    x = bottom_states(model, ids, mask, tower.first).float()
-    return tower(x, _bias(mask, x.dtype))
 
 
 # ---- configuration and result ------------------------------------------------------------
@@ -295,17 +254,6 @@ class _QueryInputs:
         return x, mask
 
 
-def pad_ids(seqs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(ids, mask) (B, T) for token id lists, zero-padded to the longest."""
-    T = max(len(s) for s in seqs)
-    ids = torch.zeros(len(seqs), T, dtype=torch.long)
-    mask = torch.zeros(len(seqs), T, dtype=torch.long)
-    for r, s in enumerate(seqs):
-        ids[r, : len(s)] = torch.tensor(s)
-        mask[r, : len(s)] = 1
-    return ids, mask
-
-
 def _encode(tower: QueryTower, inputs: _QueryInputs, idx: list[int], pool, batch: int = 64) -> np.ndarray:
     out = np.zeros((len(idx), tower.cfg.hidden_size), np.float32)
     with torch.inference_mode():
@@ -436,25 +384,7 @@ def train_query_tower(data: PairData, encoder, pvec: np.ndarray, cfg: TowerConfi
 # ---- saving and loading ------------------------------------------------------------------------
 def save_tower(tower: QueryTower, folder: Path, config: dict[str, Any], positive_ids: list[str] | None) -> dict[str, Any]:
     """Write a query-layers head folder: head.safetensors (the layers) + head.json (+ the training positives)."""
-    from semsearch.train.head import write_head_folder
+    from semsearch.encoder.heads import write_head_folder
 
     cfg = {"kind": KIND, "dim": tower.cfg.hidden_size, "first_layer": tower.first, "layers": tower.n, **config}
     return write_head_folder(folder, tower, cfg, positive_ids)
-
-
-def load_tower(folder: Path, cfg_model, head_cfg: dict[str, Any]) -> QueryTower:
-    """The QueryTower saved in folder, for a base model with config cfg_model."""
-    from safetensors.torch import load_file
-
-    from semsearch.errors import ModelError
-
-    first, n = int(head_cfg["first_layer"]), int(head_cfg["layers"])
-    if first + n != cfg_model.num_hidden_layers or head_cfg.get("dim") != cfg_model.hidden_size:
-        raise ModelError(f"{folder}: query layers {first}..{first + n - 1} of width {head_cfg.get('dim')} do not fit this model "
-                         f"({cfg_model.num_hidden_layers} layers of width {cfg_model.hidden_size})")
-    tower = QueryTower(cfg_model, first, n)
-    try:
-        tower.load_state_dict(load_file(str(Path(folder) / "head.safetensors")))
-    except (RuntimeError, OSError) as e:
-        raise ModelError(f"{folder}: cannot load its query layers ({e})") from e
-    return tower.eval()
