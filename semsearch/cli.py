@@ -254,7 +254,7 @@ def info(index, as_json, verify):
     folder = index_path(index)
     m = Manifest.load(folder)
     if verify:
-        from semsearch.store.integrity import verify as verify_index
+        from semsearch.store.folder import verify as verify_index
 
         problems = verify_index(folder)
         if problems:
@@ -266,7 +266,7 @@ def info(index, as_json, verify):
     try:
         rows = _info_rows(folder, m)
     except (KeyError, TypeError, ValueError, AttributeError) as e:  # fields a damaged manifest left out or mistyped
-        from semsearch.store.integrity import damaged
+        from semsearch.store.files import damaged
 
         raise damaged(folder, "manifest.json", f"damaged manifest ({type(e).__name__}: {e})") from e
     w = max(len(k) for k, _ in rows)

@@ -183,7 +183,7 @@ def _stored_hashes(folder: Path, base: Manifest, paths: list[str]) -> dict[str, 
     """The content hashes of these docstore paths in generation `base` (read-only), by path;
     None when that generation cannot be read any more (a newer one replaced it meanwhile)."""
     from semsearch.store.docstore import DocStore
-    from semsearch.store.integrity import DB_ERRORS
+    from semsearch.store.files import DB_ERRORS
 
     try:
         store = DocStore(folder / base.files["docs"], readonly=True)

@@ -11,17 +11,17 @@ from typing import Any
 
 import numpy as np
 
-from semsearch.corpus.chunking import ChunkSettings, chunk_text, line_of
-from semsearch.corpus.formats import STRUCTURED_EXTS, extract
-from semsearch.corpus.readers import TEXT_EXTS, ReadOptions, Skip, _check_utf8, read_documents
-from semsearch.corpus.streaming import chunk_stream, text_blocks
+from semsearch.corpus.chunking import ChunkSettings
+from semsearch.corpus.readers import ReadOptions, Skip
 from semsearch.corpus.walk import WalkResult, file_hash, walk
 from semsearch.progress import bar as progress_bar
 from semsearch.encoder.models import weight_stats
+from semsearch.engines.chunks import file_chunks
+from semsearch.engines.register import drop_file, drop_gone, replace_file, same_stat
 from semsearch.errors import CorpusError, InputError, SettingsMismatch
 from semsearch.store.docstore import ChunkRow
 from semsearch.store.folder import IndexWriter, now
-from semsearch.store.integrity import damaged
+from semsearch.store.files import damaged
 from semsearch.store.manifest import Manifest
 
 log = logging.getLogger(__name__)
@@ -343,7 +343,7 @@ def _update(writer, files, root, encoder, chunking, read, report, progress, flus
         key = str(f.path)
         seen.add(key)
         old = stored.get(key)
-        if old is not None and not checksum and _same_stat(old, f):
+        if old is not None and not checksum and same_stat(old, f):
             report.unchanged += 1  # same size, times and inode (as git checks): trust it without hashing
             bar.update(f.size)
             continue
@@ -366,7 +366,7 @@ def _update(writer, files, root, encoder, chunking, read, report, progress, flus
             done += n
             bar.update(n)
 
-        docs = _chunk_rows(f.path, encoder, chunking, read, on_bytes)
+        docs = file_chunks(f.path, encoder.token_offsets, chunking, read, on_bytes)
         try:
             if digest is None:
                 raise unreadable
@@ -376,16 +376,10 @@ def _update(writer, files, root, encoder, chunking, read, report, progress, flus
                 raise
             _skip_file(f.path, e, report)
             if old is not None:  # its indexed text no longer matches the file: drop it
-                writer.vectors.remove(store.remove_file(old.id))
-                report.removed += 1
+                drop_file(writer, old, report)
             bar.update(f.size - done)
             continue
-        if old is not None:
-            writer.vectors.remove(store.remove_file(old.id))
-            report.updated += 1
-        else:
-            report.added += 1
-        file_id = store.add_file(key, digest, f.size, f.mtime_ns, now(), f.ctime_ns, f.inode)
+        file_id = replace_file(writer, f, old, digest, report)
         doc_numbers: set[int] = set()
         try:
             for n, rows in itertools.chain([first] if first is not None else [], docs):
@@ -413,18 +407,7 @@ def _update(writer, files, root, encoder, chunking, read, report, progress, flus
         bar.update(f.size - done)
     flush()
     bar.close()
-    # Files under this corpus root that are gone: remove their chunks.
-    prefix = str(root) if root.is_dir() else None
-    for key, old in stored.items():
-        if key not in seen and prefix is not None and key.startswith(prefix.rstrip("/") + "/"):
-            writer.vectors.remove(store.remove_file(old.id))
-            report.removed += 1
-
-
-def _same_stat(old, f) -> bool:
-    """Whether a stored file's size, mtime, ctime and inode all match (0: not recorded)."""
-    return (old.size == f.size and old.mtime_ns == f.mtime_ns and old.ctime_ns == f.ctime_ns and old.inode == f.inode
-            and old.ctime_ns != 0)
+    drop_gone(writer, stored, seen, root, report)  # files under this corpus root that are gone
 
 
 def _skip_file(path: Path, e: Exception, report: IndexReport) -> None:
@@ -435,47 +418,3 @@ def _skip_file(path: Path, e: Exception, report: IndexReport) -> None:
     report.skipped_files.append(f"{path}: {msg}")
 
 
-def _chunk_rows(path: Path, encoder, chunking: ChunkSettings, read: ReadOptions, on_bytes=None, group: int = 64):
-    """(document number, [ChunkRow]) for each document of a file (file_id filled in later); a
-    text file is streamed in groups of chunks of its one document, in bounded memory."""
-    if path.suffix.lower() in STRUCTURED_EXTS:  # PDF page by page, HTML, Word, Markdown: with their marks
-        yield from _structured_rows(path, encoder, chunking, on_bytes, group)
-        return
-    if path.suffix.lower() in TEXT_EXTS:
-        _check_utf8(path)  # up front: a file that is not UTF-8 is skipped before anything is added
-        rows: list[ChunkRow] = []
-        try:
-            for i, (c, line) in enumerate(chunk_stream(text_blocks(path, on_bytes=on_bytes), encoder.token_offsets, chunking)):
-                rows.append(ChunkRow(0, None, i, c.start, c.end, line, c.text, {}))
-                if len(rows) >= group:
-                    yield 0, rows
-                    rows = []
-        except (OSError, UnicodeDecodeError) as e:  # changed or gone while read
-            raise CorpusError(f"{path}: unreadable ({e})") from e
-        yield 0, rows  # also for a file without tokens: it is one (empty) document, as before
-        return
-    try:
-        for n, doc in enumerate(read_documents(path, read)):
-            rows = []
-            for i, c in enumerate(chunk_text(doc.text, encoder.token_offsets, chunking)):
-                line = line_of(doc.text, c.start) if doc.row is None else None
-                rows.append(ChunkRow(0, doc.row, i, c.start, c.end, line, c.text, doc.metadata))
-            yield n, rows
-    except OSError as e:
-        raise CorpusError(f"{path}: unreadable ({e.strerror or e})") from e
-
-
-def _structured_rows(path: Path, encoder, chunking: ChunkSettings, on_bytes=None, group: int = 64):
-    """The one document of a PDF, HTML, Word or Markdown file, streamed: each chunk carries its
-    page, section path and the title in its metadata, and stops at a near section boundary."""
-    try:
-        ex = extract(path, on_bytes)  # an encrypted or damaged file fails here, before it is added
-        rows: list[ChunkRow] = []
-        for i, (c, line) in enumerate(chunk_stream(ex.blocks, encoder.token_offsets, chunking, ex.marks.boundaries)):
-            rows.append(ChunkRow(0, None, i, c.start, c.end, line if ex.keeps_lines else None, c.text, ex.marks.locate(c.start, c.end)))
-            if len(rows) >= group:
-                yield 0, rows
-                rows = []
-    except (OSError, UnicodeDecodeError) as e:
-        raise CorpusError(f"{path}: unreadable ({e})") from e
-    yield 0, rows

@@ -14,7 +14,7 @@ from semsearch import filters, fusion as fusion_
 from semsearch.errors import InputError, SettingsMismatch
 from semsearch.querycheck import warn_truncated
 from semsearch.store.folder import index_path, open_index
-from semsearch.store.integrity import manifest_stamp
+from semsearch.store.files import manifest_stamp
 
 EXACT_BELOW = 4096  # a filter allowing fewer chunks is scored exactly from the stored vectors
 _REFRESH = threading.Lock()  # one reopen at a time

@@ -177,14 +177,14 @@ def test_empty_folder(tmp_path, idx, built):
 def test_folder_with_only_unsupported_binary_and_hidden_files(tmp_path, idx, built):
     junk = make_corpus(tmp_path / "junk", {
         "photo.jpg": b"\xff\xd8\xff\xe0\0\x10JFIF",
-        "report.pdf": b"%PDF-1.4\n",
+        "slides.key": b"PK\x03\x04 keynote",
         "blob.txt": b"text with a \0 NUL byte",
         ".secret.md": "hidden",
         ".git/config.txt": "hidden folder",
     })
     msg = fails(index(junk, idx), 1)
     assert f"no indexable files in {str(junk)!r}" in msg
-    for reason in ("1 unsupported type (.jpg)", "1 unsupported type (.pdf)", "1 binary", "2 hidden"):
+    for reason in ("1 unsupported type (.jpg)", "1 unsupported type (.key)", "1 binary", "2 hidden"):
         assert reason in msg
     assert "supported: .txt" in msg
     assert_intact(idx, built)

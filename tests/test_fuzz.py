@@ -28,7 +28,7 @@ from semsearch.errors import SemsearchError
 from semsearch.indexing import index_corpus
 from semsearch.search import Retriever
 from semsearch.store import Manifest
-from semsearch.store import integrity
+from semsearch.store.folder import verify
 
 from conftest import REPO, FakeEncoder
 
@@ -259,7 +259,7 @@ def test_fuzz_corpus_files(tmp_path, base):
         corpus_snap = snapshot(corpus)
         try:
             rep = index_corpus(corpus, d, FakeEncoder(), read=ReadOptions(skip_errors=skip))
-            assert integrity.verify(d) == [], ctx  # what it published is whole
+            assert verify(d) == [], ctx  # what it published is whole
             m = Manifest.load(d)
             assert m.counts["files"] == rep.totals["files"] and m.counts["chunks"] == rep.totals["chunks"], ctx
             good = {"cook.md", "space.txt", "faq.csv", "garden.jsonl"} - set(bad)

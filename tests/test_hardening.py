@@ -322,7 +322,7 @@ def test_streamed_chunks_with_the_real_tokenizer(tmp_path, real_encoder, monkeyp
 def test_a_large_text_file_is_chunked_in_bounded_memory_with_progress(tmp_path, monkeypatch):
     """Memory grows with the block, not the file (scripts/bench_bigfile.py measures a 50 MB file's RSS)."""
     import semsearch.corpus.streaming as streaming
-    from semsearch.indexing import _chunk_rows
+    from semsearch.engines.chunks import file_chunks
 
     monkeypatch.setattr(streaming, "BLOCK_CHARS", 1 << 17)
     p = tmp_path / "big.txt"
@@ -331,7 +331,7 @@ def test_a_large_text_file_is_chunked_in_bounded_memory_with_progress(tmp_path, 
     seen: list[int] = []
     tracemalloc.start()
     n = 0
-    for _, rows in _chunk_rows(p, FakeEncoder(), ChunkSettings(254, 32), ReadOptions(), seen.append):
+    for _, rows in file_chunks(p, FakeEncoder().token_offsets, ChunkSettings(254, 32), ReadOptions(), seen.append):
         n += len(rows)
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()

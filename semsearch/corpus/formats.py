@@ -106,7 +106,7 @@ def extract(path: Path, on_bytes: Callable[[int], None] | None = None) -> Extrac
     elif ext in DOCX_EXTS:
         text, title = docx_text(path)
     else:
-        from semsearch.corpus.readers import _check_utf8
+        from semsearch.corpus.base import check_utf8 as _check_utf8
         from semsearch.corpus.streaming import text_blocks
 
         _check_utf8(path)

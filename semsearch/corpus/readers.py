@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
+from semsearch.corpus.base import Skip, check_utf8 as _check_utf8  # noqa: F401  (Skip: the readers' signal)
 from semsearch.corpus.formats import DOCX_EXTS, HTML_EXTS, PDF_EXTS
 from semsearch.errors import CorpusError, InputError
 
@@ -37,10 +38,6 @@ class Document:
 class ReadOptions:
     text_column: str | None = None
     skip_errors: bool = False
-
-
-class Skip(Exception):
-    """A file that is skipped with a warning (not UTF-8, unreadable), carrying the reason."""
 
 
 def read_documents(path: Path, opts: ReadOptions) -> Iterator[Document]:
@@ -176,25 +173,6 @@ def _docs(rows: list[tuple[int, dict]], key: str) -> Iterator[Document]:
             yield doc
 
 
-def _check_utf8(path: Path) -> None:
-    """Raise Skip naming the file offset of the first byte that is not UTF-8."""
-    import codecs
-
-    dec = codecs.getincrementaldecoder("utf-8")()
-    offset = 0
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            try:
-                dec.decode(block)
-            except UnicodeDecodeError as e:
-                raise Skip(f"not UTF-8 (byte {offset + e.start})") from e
-            offset += len(block)
-        try:
-            dec.decode(b"", final=True)
-        except UnicodeDecodeError as e:
-            raise Skip(f"not UTF-8 (byte {offset + e.start})") from e
-
-
 def _records_from_lines(path: Path, opts: ReadOptions) -> Iterator[tuple[int, dict]]:
     _check_utf8(path)
     try:
@@ -277,7 +255,7 @@ def _read_json(path: Path, opts: ReadOptions) -> Iterator[Document]:
         try:
             _pick_field_from(path, list(enumerate(data[:50], 1)), opts)
         except CorpusError as e:
-            raise Skip(f"not a JSON corpus (no text field; name one with --text-column)") from e
+            raise Skip("not a JSON corpus (no text field; name one with --text-column)") from e
     yield from _read_records(path, opts, iter(enumerate(data, 1)))
 
 

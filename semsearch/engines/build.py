@@ -13,11 +13,11 @@ from typing import Iterator
 import numpy as np
 
 from semsearch import errors
-from semsearch.engines import FileJob, spec_for
+from semsearch.engines.register import drop_file, drop_gone, replace_file, same_stat
+from semsearch.engines.spec import FileJob, spec_for
 from semsearch.engines.work import NONE
 from semsearch.errors import SemsearchError
 from semsearch.store.docstore import ChunkRow
-from semsearch.store.folder import now
 
 log = logging.getLogger(__name__)
 
@@ -28,12 +28,6 @@ class EngineError(SemsearchError):
     """An engine run whose shards miss or contradict a file's chunks."""
 
 
-def _same_stat(old, f) -> bool:
-    from semsearch.indexing import _same_stat as same
-
-    return same(old, f)
-
-
 def update_with_engine(writer, files, root: Path, encoder, chunking, read, report, keep_states: bool, engine) -> dict:
     """indexing._update through an engine and staged shards; gives back the engine's figures."""
     store = writer.docs
@@ -42,7 +36,7 @@ def update_with_engine(writer, files, root: Path, encoder, chunking, read, repor
     jobs: list[FileJob] = []
     for seq, f in enumerate(files):
         old = stored.get(str(f.path))
-        if old is not None and _same_stat(old, f):
+        if old is not None and same_stat(old, f):
             report.unchanged += 1  # same size, times and inode: trust it without hashing (as the local engine does)
             continue
         by_seq[seq] = f
@@ -67,12 +61,7 @@ def update_with_engine(writer, files, root: Path, encoder, chunking, read, repor
             figures["build_seconds"] = round(time.perf_counter() - t, 2)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    seen = {str(f.path) for f in files}
-    prefix = str(root) if root.is_dir() else None
-    for key, old in stored.items():  # files under this corpus root that are gone
-        if key not in seen and prefix is not None and key.startswith(prefix.rstrip("/") + "/"):
-            writer.vectors.remove(store.remove_file(old.id))
-            report.removed += 1
+    drop_gone(writer, stored, {str(f.path) for f in files}, root, report)  # files under this corpus root that are gone
     return figures
 
 
@@ -93,15 +82,9 @@ def _apply(writer, f, old, status: dict, rows: list[ChunkRow], vecs: np.ndarray,
         reason = status["info"].split(" (")[0]
         report.skipped[reason] = report.skipped.get(reason, 0) + 1
         if old is not None:
-            writer.vectors.remove(store.remove_file(old.id))
-            report.removed += 1
+            drop_file(writer, old, report)
         return
-    if old is not None:
-        writer.vectors.remove(store.remove_file(old.id))
-        report.updated += 1
-    else:
-        report.added += 1
-    file_id = store.add_file(str(f.path), status["hash"], f.size, f.mtime_ns, now(), f.ctime_ns, f.inode)
+    file_id = replace_file(writer, f, old, status["hash"], report)
     for r in rows:
         r.file_id = file_id
     if states is not None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from semsearch.engines import EncodeSpec, FileJob
+from semsearch.engines.spec import EncodeSpec, FileJob
 from semsearch.engines.work import chunk_file, embed_table, schema
 
 

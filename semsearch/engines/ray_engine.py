@@ -14,7 +14,7 @@ import os
 import time
 from pathlib import Path
 
-from semsearch.engines import EncodeSpec, FileJob
+from semsearch.engines.spec import EncodeSpec, FileJob
 from semsearch.engines.work import chunk_file, embed_table, encoder_for, maybe_die, offsets_for
 from semsearch.errors import InputError, SemsearchError
 

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from semsearch.engines import EncodeSpec
+from semsearch.engines.spec import EncodeSpec
 from semsearch.errors import ModelError, SemsearchError
 
 NONE = -1  # row / line / doc sentinel: the shard columns are never null
@@ -50,9 +50,10 @@ def _row(seq: int, doc: int = NONE, ord: int = NONE, row: int | None = None, sta
 
 def chunk_file(job: dict[str, Any], spec: EncodeSpec, offsets: Callable[[str], list[tuple[int, int]]]) -> list[dict[str, Any]]:
     """The chunk rows of one file and its status row, as indexing._update would add them."""
-    from semsearch.corpus.chunking import ChunkSettings, chunk_text, line_of
-    from semsearch.corpus.readers import ReadOptions, Skip, read_documents
+    from semsearch.corpus.chunking import ChunkSettings
+    from semsearch.corpus.readers import ReadOptions, Skip
     from semsearch.corpus.walk import file_hash
+    from semsearch.engines.chunks import file_chunks
 
     seq, path = int(job["seq"]), Path(job["path"])
     try:
@@ -62,7 +63,7 @@ def chunk_file(job: dict[str, Any], spec: EncodeSpec, offsets: Callable[[str], l
     if digest == job.get("old_hash"):
         return [_row(seq, status="same", hash=digest)]
     settings = ChunkSettings(spec.window, spec.overlap)
-    docs = read_documents(path, ReadOptions(spec.text_column, spec.skip_errors))
+    docs = file_chunks(path, offsets, settings, ReadOptions(spec.text_column, spec.skip_errors))
     rows: list[dict[str, Any]] = []
     try:
         first = next(docs, None)
@@ -70,17 +71,17 @@ def chunk_file(job: dict[str, Any], spec: EncodeSpec, offsets: Callable[[str], l
         return [_row(seq, status="skip", hash=digest, info=str(e))]
     except SemsearchError as e:
         return [_row(seq, status="error", info=f"{type(e).__name__}: {e}")]
-    n_docs = 0
+    n_docs: set[int] = set()
     try:
-        for n, doc in enumerate(itertools.chain([first] if first is not None else [], docs)):
-            n_docs += 1
-            for i, c in enumerate(chunk_text(doc.text, offsets, settings)):
-                line = line_of(doc.text, c.start) if doc.row is None else None
-                rows.append(_row(seq, n, i, doc.row, c.start, c.end, line, c.text, doc.metadata))
+        for n, chunk_rows in itertools.chain([first] if first is not None else [], docs):
+            n_docs.add(n)
+            for r in chunk_rows:
+                rows.append(_row(seq, n, r.ord, r.row, r.start, r.end, r.line, r.text, r.metadata))
     except Skip as e:  # readers check encodings up front; this would be a reader bug
         return [_row(seq, status="error", info=f"CorpusError: {path}: {e}")]
     except SemsearchError as e:
         return [_row(seq, status="error", info=f"{type(e).__name__}: {e}")]
+    n_docs = len(n_docs)
     return rows + [_row(seq, status="indexed", hash=digest, documents=n_docs, chunks=len(rows))]
 
 

@@ -11,7 +11,7 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 
 from semsearch.errors import IndexFormatError
-from semsearch.store.integrity import connect_readonly, remedy
+from semsearch.store.files import connect_readonly, remedy
 from semsearch.store import lexical
 
 SCHEMA = """

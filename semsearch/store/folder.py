@@ -17,6 +17,7 @@ from pathlib import Path
 
 from semsearch.errors import IndexFormatError, IndexLocked
 from semsearch.store import integrity
+from semsearch.store.files import DB_ERRORS, damaged, fsync_dir, fsync_file
 from semsearch.store.docstore import DocStore
 from semsearch.store.manifest import MANIFEST, Manifest
 from semsearch.store.vectors import VectorIndex
@@ -36,8 +37,8 @@ def open_index(folder: Path, device: str = "cpu") -> tuple[Manifest, VectorIndex
     vectors = _load_vectors(folder, m, device)
     try:
         docs = DocStore(folder / m.files["docs"], readonly=True)
-    except integrity.DB_ERRORS as e:
-        raise integrity.damaged(folder, m.files["docs"], f"damaged ({e})") from e
+    except DB_ERRORS as e:
+        raise damaged(folder, m.files["docs"], f"damaged ({e})") from e
     try:
         integrity.check_loaded(folder, m, vectors, docs)
     except BaseException:
@@ -52,7 +53,7 @@ def _load_vectors(folder: Path, m: Manifest, device: str = "cpu") -> VectorIndex
     try:
         return VectorIndex.load(folder / m.files["vectors"], m.index.get("type", "flat"), m.index.get("params"), device)
     except (RuntimeError, MemoryError, AttributeError, TypeError, ValueError) as e:
-        raise integrity.damaged(folder, m.files["vectors"], f"damaged ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from e
+        raise damaged(folder, m.files["vectors"], f"damaged ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from e
 
 
 class IndexWriter:
@@ -90,8 +91,8 @@ class IndexWriter:
                 dst = sqlite3.connect(self.folder / self.docs_file)
                 try:
                     docs.db.backup(dst)
-                except integrity.DB_ERRORS as e:
-                    raise integrity.damaged(self.folder, m.files["docs"], f"damaged ({e})") from e
+                except DB_ERRORS as e:
+                    raise damaged(self.folder, m.files["docs"], f"damaged ({e})") from e
                 finally:
                     docs.close()
                     dst.close()
@@ -134,8 +135,8 @@ class IndexWriter:
         self.docs.close()
         self.vectors.save(self.folder / self.vectors_file)
         for name in (self.docs_file, self.vectors_file):
-            integrity.fsync_file(self.folder / name)
-        integrity.fsync_dir(self.folder)  # the data files' names are durable before the manifest names them
+            fsync_file(self.folder / name)
+        fsync_dir(self.folder)  # the data files' names are durable before the manifest names them
         manifest.generation = self.gen
         manifest.files = {"vectors": self.vectors_file, "docs": self.docs_file}
         manifest.integrity = integrity.record(self.folder, manifest.files, self.vectors)
@@ -191,3 +192,30 @@ def _current_files(folder: Path) -> set[str]:
 def index_path(index: str | os.PathLike | None) -> Path:
     """The index folder: the argument, else $SEMSEARCH_INDEX, else ./indexes/default."""
     return Path(index or os.environ.get("SEMSEARCH_INDEX") or DEFAULT_INDEX)
+
+
+def verify(folder: Path) -> list[str]:
+    """Every problem found by reading every byte: full hashes, SQLite's integrity check, and the
+    id sets of FAISS and SQLite compared. An empty list: the index is whole."""
+    problems: list[str] = []
+    folder = Path(folder)
+    try:
+        m, vectors, docs = open_index(folder, "cpu")
+    except IndexFormatError as e:
+        return [str(e)]
+    try:
+        for name, want in ((m.integrity or {}).get("files") or {}).items():
+            if integrity.sha256(folder / name) != want.get("sha256"):
+                problems.append(str(damaged(folder, name, "damaged (its sha256 does not match the manifest)")))
+        try:
+            status = [r[0] for r in docs.db.execute("PRAGMA integrity_check")]
+            if status != ["ok"]:
+                problems.append(str(damaged(folder, m.files["docs"], f"damaged (SQLite: {'; '.join(status[:3])})")))
+            db_ids = np.array([r[0] for r in docs.db.execute("SELECT id FROM chunks")], np.int64)
+            if integrity.ids_fingerprint(db_ids) != integrity.ids_fingerprint(integrity.faiss_ids(vectors.index)):
+                problems.append(str(damaged(folder, m.files["docs"], "its chunk ids differ from the vector index's")))
+        except DB_ERRORS as e:
+            problems.append(str(damaged(folder, m.files["docs"], f"damaged ({e})")))
+    finally:
+        docs.close()
+    return problems

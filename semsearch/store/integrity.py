@@ -10,98 +10,16 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
-import sqlite3
-import urllib.parse
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from semsearch.errors import IndexFormatError
+from semsearch.errors import IndexFormatError  # noqa: F401
+from semsearch.store.files import DB_ERRORS, damaged
 
-DB_ERRORS = (sqlite3.Error, UnicodeDecodeError)  # a damaged TEXT value fails to decode
 EDGE = 1 << 20  # bytes hashed at each end of a file by the cheap fingerprint
-DATA_FILE = re.compile(r"(docs|vectors)\.[0-9]{1,18}\.(sqlite|faiss)")
 _ID_MIX = np.uint64(0x9E3779B97F4A7C15)
-
-
-def remedy(folder: Path) -> str:
-    return f"rebuild it with `semsearch index CORPUS --index {folder} --rebuild`"
-
-
-def damaged(folder: Path, name: str, what: str) -> IndexFormatError:
-    return IndexFormatError(f"{Path(folder) / name}: {what}; {remedy(folder)}")
-
-
-# ---- opening SQLite ----------------------------------------------------------------------------
-def sqlite_uri(path: Path, readonly: bool = True) -> str:
-    """A `file:` URI for path with every special character (#, ?, %, spaces, unicode) quoted."""
-    quoted = urllib.parse.quote(str(Path(path).resolve()), safe="/")
-    return f"file:{quoted}" + ("?mode=ro" if readonly else "")
-
-
-def connect_readonly(path: Path, **kw) -> sqlite3.Connection:
-    """A read-only connection that never creates a file (a missing file is an error)."""
-    return sqlite3.connect(sqlite_uri(path), uri=True, **kw)
-
-
-# ---- the manifest's own shape ------------------------------------------------------------------
-_TYPES: dict[str, type | tuple[type, ...]] = {
-    "model": str, "model_fingerprint": str, "backend": str, "pooling": str, "dim": int, "max_length": int,
-    "precision": str, "chunking": dict, "counts": dict, "index": dict, "files": dict, "generation": int,
-    "head": (dict, type(None)), "states": (dict, type(None)), "model_files": dict, "last_run": dict,
-    "integrity": (dict, type(None)), "created": str, "updated": str, "metric": str, "normalized": bool,
-}
-
-
-def check_manifest(raw: Any, path: Path) -> None:
-    """Refuse a manifest whose fields have the wrong types, or whose file names are not plain
-    data-file names inside the folder (a crafted '../other/x' or absolute path would be read)."""
-    folder = Path(path).parent
-    if not isinstance(raw, dict):
-        raise damaged(folder, path.name, "damaged manifest (not a JSON object)")
-    for key, typ in _TYPES.items():
-        if key in raw and (not isinstance(raw[key], typ) or (typ is int and isinstance(raw[key], bool))):
-            raise damaged(folder, path.name, f"damaged manifest ({key!r} is {type(raw[key]).__name__})")
-    for key, need in (("chunking", {"window", "overlap"}), ("counts", {"files", "documents", "chunks"})):
-        if key in raw and not need <= set(raw[key]):
-            raise damaged(folder, path.name, f"damaged manifest ({key} lacks {', '.join(sorted(need - set(raw[key])))})")
-        for k, v in raw.get(key, {}).items():
-            if not isinstance(v, int) or isinstance(v, bool):
-                raise damaged(folder, path.name, f"damaged manifest ({key}.{k} is not an integer)")
-    index, head, states = raw.get("index", {}), raw.get("head"), raw.get("states")
-    if not isinstance(index.get("params", {}), dict):
-        raise damaged(folder, path.name, "damaged manifest (index.params is not an object)")
-    if head is not None and not (isinstance(head.get("path"), str) and isinstance(head.get("fingerprint"), str)):
-        raise damaged(folder, path.name, "damaged manifest (head needs a path and a fingerprint)")
-    if states is not None and not (states.get("dtype") == "float16" and isinstance(states.get("dim"), int)
-                                   and not isinstance(states.get("dim"), bool) and states["dim"] > 0):
-        raise damaged(folder, path.name, "damaged manifest (states needs dtype float16 and a dim)")
-    files = raw.get("files", {})
-    if set(files) != {"vectors", "docs"}:
-        raise damaged(folder, path.name, f"damaged manifest (files {sorted(files)}, expected docs and vectors)")
-    for role, name in files.items():
-        if role not in ("vectors", "docs") or not isinstance(name, str) or not DATA_FILE.fullmatch(name) \
-                or not name.startswith(role + ".") or name.endswith(".sqlite") != (role == "docs"):
-            raise damaged(folder, path.name, f"damaged manifest (file {role!r} is {name!r}, not a data file of this folder)")
-    rec = raw.get("integrity")
-    if rec is not None:
-        recs = rec.get("files")
-        if not isinstance(recs, dict) or not all(
-                isinstance(v, dict) and _is_int(v.get("size")) and isinstance(v.get("fingerprint"), str)
-                and isinstance(v.get("sha256"), str) for v in recs.values()) \
-                or not _is_int(rec.get("ntotal")) or not isinstance(rec.get("ids"), str) \
-                or not set(recs) <= set(raw.get("files", {}).values()):
-            raise damaged(folder, path.name, "damaged manifest (integrity records)")
-    if raw.get("dim", 1) < 1 or raw.get("max_length", 3) < 3:
-        raise damaged(folder, path.name, "damaged manifest (dim or max_length out of range)")
-    if raw.get("index", {}).get("type", "flat") not in ("flat", "ivf", "ivf-fastscan", "ivf-sq8", "hnsw"):
-        raise damaged(folder, path.name, f"damaged manifest (unknown index type {raw['index'].get('type')!r})")
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
 
 
 # ---- fingerprints ------------------------------------------------------------------------------
@@ -153,29 +71,6 @@ def faiss_ids(index) -> np.ndarray:
     return np.concatenate(parts) if parts else np.empty(0, np.int64)
 
 
-# ---- durable writes ----------------------------------------------------------------------------
-def fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def fsync_dir(folder: Path) -> None:
-    """Make renames and new files in folder durable (a power loss, not only a crash)."""
-    try:
-        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    except OSError:
-        return  # platforms without directory file descriptors
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 # ---- record at commit, check at load -----------------------------------------------------------
 def record(folder: Path, files: dict[str, str], vectors) -> dict[str, Any]:
     """The manifest's `integrity` entry for freshly written (and fsynced) data files."""
@@ -225,39 +120,3 @@ def check_loaded(folder: Path, m, vectors, docs) -> None:
         raise damaged(folder, m.files["docs"], f"holds {chunks} chunks but the vector index {n}")
 
 
-def verify(folder: Path) -> list[str]:
-    """Every problem found by reading every byte: full hashes, SQLite's integrity check, and the
-    id sets of FAISS and SQLite compared. An empty list: the index is whole."""
-    from semsearch.store.folder import open_index
-
-    problems: list[str] = []
-    folder = Path(folder)
-    try:
-        m, vectors, docs = open_index(folder, "cpu")
-    except IndexFormatError as e:
-        return [str(e)]
-    try:
-        for name, want in ((m.integrity or {}).get("files") or {}).items():
-            if sha256(folder / name) != want.get("sha256"):
-                problems.append(str(damaged(folder, name, "damaged (its sha256 does not match the manifest)")))
-        try:
-            status = [r[0] for r in docs.db.execute("PRAGMA integrity_check")]
-            if status != ["ok"]:
-                problems.append(str(damaged(folder, m.files["docs"], f"damaged (SQLite: {'; '.join(status[:3])})")))
-            db_ids = np.array([r[0] for r in docs.db.execute("SELECT id FROM chunks")], np.int64)
-            if ids_fingerprint(db_ids) != ids_fingerprint(faiss_ids(vectors.index)):
-                problems.append(str(damaged(folder, m.files["docs"], "its chunk ids differ from the vector index's")))
-        except DB_ERRORS as e:
-            problems.append(str(damaged(folder, m.files["docs"], f"damaged ({e})")))
-    finally:
-        docs.close()
-    return problems
-
-
-def manifest_stamp(folder: Path) -> tuple[int, int, int] | None:
-    """(inode, size, mtime) of manifest.json: changes whenever a writer publishes a generation."""
-    try:
-        st = os.stat(Path(folder) / "manifest.json")
-    except OSError:
-        return None
-    return (st.st_ino, st.st_size, st.st_mtime_ns)

@@ -49,7 +49,7 @@ def from_beir(folder: str | Path, split: str = "train", dev_split: str | None = 
     """Pairs from a BEIR split: each judged (query, relevant document); the corpus is the whole
     corpus (so hard negatives and the dev metric see every document). With dev_split, the
     queries of that split are the dev set (a query in both is only dev)."""
-    from semsearch.eval import load_beir, read_qrels
+    from semsearch.eval import load_beir
 
     d = load_beir(folder, split)
     pos_of = {pid: i for i, pid in enumerate(d.doc_ids)}
