@@ -1,12 +1,17 @@
 """semsearch: sentence embeddings and semantic search over a folder of documents.
 
-    from semsearch import Retriever
-    hits = Retriever.load("indexes/default").search("loan approval", k=5)
+    import semsearch
+    semsearch.index("data/sample")                                  # ./indexes/default
+    hits = semsearch.Retriever.load().search("loan approval", k=5)
+    semsearch.evaluate("beir/scifact", modes=["dense", "hybrid"])   # nDCG@10 ...
+    semsearch.train("heads/x", beir="beir/scifact", index="indexes/scifact")
+
+One function per command of the CLI (semsearch/api.py), beside Retriever.
 """
 from __future__ import annotations
 
 __version__ = "0.1.0"
-__all__ = ["Encoder", "Hit", "Retriever", "__version__"]
+__all__ = ["Encoder", "Hit", "Retriever", "__version__", "evaluate", "index", "train"]
 
 
 def __getattr__(name: str):
@@ -15,6 +20,10 @@ def __getattr__(name: str):
         from semsearch import search
 
         return getattr(search, name)
+    if name in ("index", "evaluate", "train"):
+        from semsearch import api
+
+        return getattr(api, name)
     if name == "Encoder":
         from semsearch.encoder.encoder import Encoder
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from semsearch import formatting as fmt
 from semsearch.errors import SemsearchError
 
 POOLING_CHOICES = ("cls", "mean", "max")
@@ -133,33 +134,21 @@ def index(corpus, index, model, pooling, head, device, precision, chunk_tokens, 
     path (metadata: page, section, title). Running it again re-embeds only new or changed files and removes deleted ones.
     Writes are atomic: an interrupted run leaves the previous index usable.
     """
-    from semsearch.corpus import ReadOptions
-    from semsearch.engines import make_engine
-    from semsearch.indexing import VectorSettings, encoder_for_index, index_corpus, load_base, resolve_chunking, scan_corpus
-    from semsearch.store import index_path
+    from semsearch import api
 
-    folder = index_path(index)
-    if not corpus.exists():  # before loading a model
-        raise click.ClickException(f"corpus path {str(corpus)!r} does not exist")
     if pooling and len(pooling) > 1:
         raise click.BadParameter("index takes one pooling", param_hint="--pooling")
-    found = scan_corpus(corpus, include, exclude)  # an empty or unreadable corpus fails before the model loads
-    runner = make_engine(engine, ray_address if engine == "ray" else None, workers)
-    base = load_base(folder, rebuild)
-    enc = encoder_for_index(base, model, pooling[0] if pooling else None, head, device, precision)
-    chunking = resolve_chunking(base, enc, chunk_tokens, overlap)
-    vs = VectorSettings(index_type=index_type, target_recall=target_recall, max_bytes_per_vector=max_bytes_per_vector, device=device)
-    report = index_corpus(corpus, folder, enc, chunking, ReadOptions(text_column, skip_errors), rebuild, progress,
-                          keep_states=keep_states, vectors=vs, checksum=checksum, found=found, engine=runner)
+    report = api.index(corpus, index, model=model, pooling=pooling[0] if pooling else None, head=head, device=device,
+                       precision=precision, chunk_tokens=chunk_tokens, overlap=overlap, text_column=text_column,
+                       skip_errors=skip_errors, checksum=checksum, include=include, exclude=exclude, rebuild=rebuild,
+                       keep_states=keep_states, index_type=index_type, target_recall=target_recall,
+                       max_bytes_per_vector=max_bytes_per_vector, engine=engine, ray_address=ray_address, workers=workers,
+                       progress=progress)
     if as_json:
         click.echo(json.dumps(report.as_dict(), indent=2))
     else:
-        for reason, n in report.skipped.items():
-            click.echo(f"skipped {n} file(s): {reason}", err=True)
-        for line in report.skipped_files[:50]:
-            click.echo(f"  skipped {_printable(line)}", err=True)
-        if len(report.skipped_files) > 50:
-            click.echo(f"  ... and {len(report.skipped_files) - 50} more (--json lists them all)", err=True)
+        for line in fmt.skipped_lines(report):
+            click.echo(line, err=True)
         click.echo(report.summary())
 
 
@@ -218,27 +207,7 @@ def query(query, index, k, model, pooling, device, as_json, as_jsonl, width, mod
         for q, hits in zip(queries, results):
             if len(queries) > 1:
                 click.echo(f"\nquery: {q}")
-            click.echo(_table(hits, width))
-
-
-def _table(hits, width: int) -> str:
-    if not hits:
-        return "no hits"
-    src_w = min(max(len(_printable(h.location)) for h in hits), 50)
-    lines = [f"{'rank':>4}  {'score':>6}  {'source':<{src_w}}  snippet"]
-    for h in hits:
-        snippet = " ".join(h.text.split())
-        if len(snippet) > width:
-            snippet = snippet[: width - 1] + "…"
-        loc = _printable(h.location)
-        loc = loc if len(loc) <= src_w else "…" + loc[-(src_w - 1):]
-        lines.append(f"{h.rank:>4}  {h.score:>6.3f}  {loc:<{src_w}}  {snippet}")
-    return "\n".join(lines)
-
-
-def _printable(s: str) -> str:
-    """s with control characters (a newline in a file name, say) escaped, so a table stays one line a row."""
-    return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in s)
+            click.echo(fmt.table(hits, width))
 
 
 @main.command()
@@ -254,7 +223,7 @@ def info(index, as_json, verify):
     folder = index_path(index)
     m = Manifest.load(folder)
     if verify:
-        from semsearch.store.folder import verify as verify_index
+        from semsearch.api import verify as verify_index
 
         problems = verify_index(folder)
         if problems:
@@ -264,7 +233,7 @@ def info(index, as_json, verify):
         click.echo(m.to_json())
         return
     try:
-        rows = _info_rows(folder, m)
+        rows = fmt.info_rows(folder, m)
     except (KeyError, TypeError, ValueError, AttributeError) as e:  # fields a damaged manifest left out or mistyped
         from semsearch.store.files import damaged
 
@@ -272,49 +241,6 @@ def info(index, as_json, verify):
     w = max(len(k) for k, _ in rows)
     for key, val in rows:
         click.echo(f"{key:<{w}}  {val}")
-
-
-def _info_rows(folder, m) -> list[tuple[str, object]]:
-    last = m.last_run or {}
-    rows = [
-        ("index", str(folder)),
-        ("format version", m.format_version),
-        ("model", f"{m.model} (weights {m.model_fingerprint}, {m.backend})"),
-        ("pooling", m.pooling + ((f" (trained query layers {m.head['path']})" if m.head.get("kind") == "query-layers" else f" (head {m.head['path']})") if m.head else "")),
-        ("vectors", f"{m.dim}-d, {m.metric} (L2-normalised, inner product), index type {m.index.get('type')}"
-                    + (f", built on {m.index['built_on']}" if m.index.get("built_on") else "")),
-        ("max length", f"{m.max_length} tokens; chunks of {m.chunking['window']} tokens, overlap {m.chunking['overlap']}"),
-        ("precision", m.precision),
-        ("holds", f"{m.counts['files']} files, {m.counts['documents']} documents, {m.counts['chunks']} chunks"),
-        ("created", m.created),
-        ("updated", m.updated),
-        ("last run", f"{last.get('added', 0)} added, {last.get('updated', 0)} updated, {last.get('removed', 0)} removed, "
-                     f"{last.get('unchanged', 0)} unchanged; {last.get('chunks', 0)} chunks in {last.get('seconds', 0):.1f} s"),
-    ]
-    rows.append(("search modes", _modes_of(folder, m)))
-    if m.index.get("params"):
-        rows.append(("index params", json.dumps(m.index["params"])))
-    if m.index.get("recall"):
-        r = m.index["recall"]
-        rows.append(("index recall", f"{r['recall']:.3f} recall@{r['k']} against exact search on {r['queries']} queries "
-                                     f"(target {r['target']}{', ' + r['knob'] + '=' + str(r['value']) if 'knob' in r else ''})"))
-    return rows
-
-
-def _modes_of(folder, m) -> str:
-    """The search modes an index offers, read from its docstore."""
-    from semsearch.store.docstore import DocStore
-    from semsearch.store.lexical import ANALYZER
-
-    try:
-        docs = DocStore(folder / m.files["docs"], readonly=True)
-        has_lexical = "lex" in {r[1] for r in docs.db.execute("PRAGMA table_info(chunks)")}
-        docs.close()
-    except Exception as e:  # noqa: BLE001 - info reports, it does not fail on a damaged docstore
-        return f"unknown (cannot read the docstore: {e})"
-    if has_lexical:
-        return f"dense, lexical (BM25, {ANALYZER}), hybrid (default)"
-    return "dense only: built before lexical search; `semsearch index CORPUS` adds it without re-encoding"
 
 
 @main.command("eval")
@@ -355,8 +281,7 @@ def eval_(dataset, split, pooling, heads, model, ks, index, pairs, pair_columns,
     pass. As BEIR does, a hit whose document id equals the query's id is dropped; a query whose
     relevant documents are all missing from the corpus counts as 0 (as MTEB averages it).
     """
-    from semsearch import eval as ev
-    from semsearch.errors import InputError
+    from semsearch import api
 
     try:
         cutoffs = sorted({int(x) for x in ks.split(",") if x.strip()})
@@ -364,34 +289,12 @@ def eval_(dataset, split, pooling, heads, model, ks, index, pairs, pair_columns,
         raise click.BadParameter(f"{ks!r}: expected comma-separated integers", param_hint="--k") from e
     if not cutoffs or min(cutoffs) < 1:
         raise click.BadParameter(f"{ks!r}: cutoffs must be positive", param_hint="--k")
-    if dataset is None and pairs is None:
-        raise InputError("give a BEIR dataset folder, or --pairs FILE")
-    report: dict = {}
-    if index is not None:
-        from semsearch.search import Retriever
-
-        if dataset is None:
-            raise InputError("--index needs a BEIR dataset folder to evaluate against")
-        data = _subset(ev.load_beir(dataset, split), max_queries, max_docs)
-        rep = ev.evaluate_index(data, Retriever.load(index, device=device), cutoffs, modes=modes or ["dense"], fusion=fusion, alpha=alpha)
-        report = rep.to_dict()
-    else:
-        enc = _eval_encoder(model, pooling, heads, device, precision, max_length)
-        names = (pooling or ["mean"]) + (["head"] if heads else [])
-        if dataset is not None:
-            data = _subset(ev.load_beir(dataset, split), max_queries, max_docs)
-            subsets = None
-            if heads:
-                from semsearch.encoder.heads import unseen_document_queries
-
-                unseen = unseen_document_queries(heads[0], data.qrels)
-                subsets = {"unseen documents": unseen} if unseen is not None else None
-            report = ev.evaluate_beir(data, enc, names, cutoffs, progress=progress, modes=modes or ["dense"],
-                                      fusion=fusion, alpha=alpha, per_query=per_query, subsets=subsets).to_dict()
-        if pairs is not None:
-            cols = [c.strip() for c in pair_columns.split(",")] if pair_columns else None
-            report["pairs"] = {"file": str(pairs), "results": ev.evaluate_pairs(pairs, enc, names, cols),
-                               "settings": ev.encoder_settings(enc)}
+    if len(heads) > 1:
+        raise click.BadParameter("evaluate one --head at a time (it is compared with the --pooling baselines)", param_hint="--head")
+    report = api.evaluate(dataset, split=split, pooling=pooling, head=heads[0] if heads else None, model=model, k=cutoffs,
+                          index=index, pairs=pairs, pair_columns=pair_columns.split(",") if pair_columns else None,
+                          max_queries=max_queries, max_docs=max_docs, device=device, precision=precision,
+                          max_length=max_length, modes=modes, fusion=fusion, alpha=alpha, per_query=per_query, progress=progress)
     text = json.dumps(report, indent=2)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -399,33 +302,7 @@ def eval_(dataset, split, pooling, heads, model, ks, index, pairs, pair_columns,
     if as_json:
         click.echo(text)
         return
-    if "results" in report:
-        s = report["settings"]
-        click.echo(f"{report['dataset']} ({report['split']}): {s['queries']} queries, {s['documents']} documents; "
-                   f"model {s['model']} ({s['model_fingerprint']}), {s['precision']}, max length {s['max_length']}")
-        if s.get("zero_queries"):
-            click.echo(f"{s['zero_queries']} of those queries are judged only on documents missing from the corpus: they count as 0")
-        if s.get("fusion"):
-            click.echo(f"hybrid: {s['fusion']} fusion" + (f", alpha {s['alpha']}" if s.get("alpha") is not None else "")
-                       + f", top {s['depth']} of each side")
-        click.echo(ev.format_table(report["results"]))
-        click.echo("time: " + ", ".join(f"{k} {v}" for k, v in report["seconds"].items()))
-    if "pairs" in report:
-        click.echo(f"pairs: {report['pairs']['file']}")
-        click.echo(ev.format_table(report["pairs"]["results"]))
-
-
-def _subset(data, max_queries, max_docs):
-    return data.subset(max_queries, max_docs) if (max_queries or max_docs) else data
-
-
-def _eval_encoder(model, pooling, heads, device, precision, max_length=None):
-    from semsearch.errors import InputError
-    from semsearch.indexing import encoder_for_index
-
-    if len(heads) > 1:
-        raise InputError("evaluate one --head at a time (it is compared with the --pooling baselines)")
-    return encoder_for_index(None, model, None, heads[0] if heads else None, device, precision, max_length)
+    click.echo(fmt.eval_report(report))
 
 
 @main.command()
@@ -487,138 +364,20 @@ def train(beir, split, dev_split, pairs, index, train_layers, pseudo_queries, ou
     semsearch eval ../shared/data/beir/scifact --head heads/scifact
     semsearch index corpus/ --index indexes/x --head heads/scifact     # re-encodes nothing
     """
-    import numpy as np
+    from semsearch import api
 
-    from semsearch.encoder.encoder import Encoder
-    from semsearch.errors import InputError
-    from semsearch.train import data as td
-    from semsearch.train.head import save_head
-    from semsearch.train.trainer import TrainConfig, config_dict, train_head
-
-    if beir is not None and pairs is not None:
-        raise InputError("give one of --beir DATASET or --pairs FILE, not both")
-    if dev_split is not None and beir is None:
-        raise InputError("--dev-split needs --beir")
-    if train_layers > 0:
-        return _train_query_layers(beir, split, dev_split, pairs, index, train_layers, pseudo_queries, out, model, epochs, patience,
-                                   batch_size, positives_per_query, lr, weight_decay, scale, dev_fraction, seed, cache, force, device,
-                                   precision, progress)
-    pseudo_queries = bool(pseudo_queries)
-    epochs, patience, lr = epochs or 10, patience or 2, lr if lr is not None else 2e-3
-    weight_decay = weight_decay or 0.0
-    unlabelled_only = beir is None and pairs is None
-    if unlabelled_only and (index is None or not pseudo_queries):
-        raise InputError("give --beir DATASET or --pairs FILE, or --index DIR --pseudo-queries to train on the corpus alone")
-    if pseudo_queries and index is None:
-        raise InputError("--pseudo-queries needs --index DIR (an index built with --keep-states)")
-    if unlabelled_only:
-        data = td.PairData([], [], {}, checksum="", source=f"{index} (unlabelled)")
+    rep = api.train(out, beir=beir, split=split, dev_split=dev_split, pairs=pairs, index=index, train_layers=train_layers,
+                    pseudo_queries=pseudo_queries, model=model, epochs=epochs, patience=patience, batch_size=batch_size,
+                    positives_per_query=positives_per_query, lr=lr, weight_decay=weight_decay, scale=scale,
+                    hard_negatives=hard_negatives, neg_skip=neg_skip, neg_depth=neg_depth, symmetric=symmetric,
+                    projection=projection, dev_fraction=dev_fraction, seed=seed, cache=cache, force=force, device=device,
+                    precision=precision, progress=progress, log=lambda line: click.echo(line, err=True))
+    click.echo(rep.verdict)
+    if rep.kind == "pooling":
+        click.echo(f"saved head to {out} (fingerprint {rep.head['fingerprint']})")
     else:
-        data = td.from_beir(beir, split, dev_split) if beir is not None else td.from_pairs_file(pairs)
-    cfg = TrainConfig(epochs=epochs, batch_size=batch_size, lr=lr, weight_decay=weight_decay, scale=scale, hard_negatives=hard_negatives,
-                      neg_skip=neg_skip, neg_depth=neg_depth, symmetric=symmetric, projection=projection,
-                      positives_per_query=positives_per_query, patience=patience, dev_fraction=dev_fraction, seed=seed)
-    enc = Encoder(model, device=device, precision=precision)
-    click.echo(f"training on {data.source}: {len(data.queries)} queries, {data.n_pairs} pairs, {len(data.passages)} passages", err=True)
-    passages = None
-    if index is not None:
-        from semsearch.train.index_states import passage_states
-
-        from semsearch.train.states import StateCache
-
-        if data.passages:
-            got = passage_states(index, data.passages, data.passage_ids, enc, progress)
-            passages = got.passages
-            click.echo(f"token states of {got.from_index} passages from {index}" + (f", {got.encoded} encoded" if got.encoded else ""), err=True)
-        else:
-            passages = StateCache.from_spans([], np.zeros((0, 3), np.int64))
-        if pseudo_queries:
-            from semsearch.train.index_states import add_pseudo_queries, index_chunks
-
-            data, passages = add_pseudo_queries(data, passages, index_chunks(index, enc), seed=seed)
-            if unlabelled_only:  # no labels: the pseudo-queries are the dev set too (a proxy task)
-                data.unlabelled = set()
-                data.checksum = td.texts_checksum(data.queries, data.passages)
-            click.echo(f"{len(data.queries)} queries with the corpus's pseudo-queries, {len(data.passages)} passages", err=True)
-    res = train_head(data, enc, cfg, cache, progress, passages=passages)
-    verdict = _report_and_gate(res, force, "the head", "mean pooling", "it was", "it")
-    info = save_head(res.head, out, {
-        "base_model": enc.name, "base_model_fingerprint": enc.fingerprint, "max_length": enc.max_length,
-        "training_data": data.source, "training_data_checksum": data.checksum, "hyperparameters": config_dict(cfg),
-        "metrics": res.metrics(), "improved_on_dev": res.improved,
-    }, positive_ids=td.trained_positive_ids(data, res.split.train))
-    click.echo(verdict)
-    click.echo(f"saved head to {out} (fingerprint {info['fingerprint']})")
-
-
-def _report_and_gate(res, force: bool, what: str, base: str, were: str, them: str) -> str:
-    """Print the dev checks; refuse (nothing saved) a result no dev set checked or that did not beat
-    the base there, unless force; gives back the one-line verdict."""
-    for row in res.history:
-        click.echo("  " + ", ".join(f"{k} {v}" for k, v in row.items()), err=True)
-    verdict = res.verdict()
-    if res.gate == "none" and not force:
-        raise click.ClickException(f"no dev set (--dev-fraction 0), so nothing checked {what} and {were} not saved ({verdict}). "
-                                   f"Use --force to save {them} anyway.")
-    if not res.improved and not force:
-        raise click.ClickException(f"{what} did not beat {base} on the {'unseen-document ' if res.gate == 'unseen' else ''}dev set, "
-                                   f"so {were} not saved ({verdict}). Use --force to save {them} anyway.")
-    return verdict
-
-
-def _train_query_layers(beir, split, dev_split, pairs, index, layers, pseudo_queries, out, model, epochs, patience, batch_size,
-                        positives_per_query, lr, weight_decay, scale, dev_fraction, seed, cache, force, device, precision, progress):
-    """`semsearch train --train-layers N`: see train/query_tower.py."""
-    import numpy as np
-
-    from semsearch.encoder.encoder import Encoder
-    from semsearch.errors import InputError
-    from semsearch.train import data as td
-    from semsearch.train import query_tower as qt
-    from semsearch.train.trainer import TrainConfig, make_split
-
-    pseudo_queries = True if pseudo_queries is None else pseudo_queries
-    unlabelled_only = beir is None and pairs is None
-    if unlabelled_only and (index is None or not pseudo_queries):
-        raise InputError("give --beir DATASET or --pairs FILE, or --index DIR (with pseudo-queries) to train on the corpus alone")
-    cfg = qt.TowerConfig(layers=layers, epochs=epochs or 3, patience=patience or 3, batch_size=batch_size,
-                         lr=lr if lr is not None else 2e-5, weight_decay=0.01 if weight_decay is None else weight_decay, scale=scale,
-                         positives_per_query=positives_per_query, pseudo_queries=pseudo_queries, seed=seed)
-    enc = Encoder(model, device=device, precision=precision)
-    if enc.backend != "native":
-        raise InputError("--train-layers needs a BERT-family model on the native encoder; use --train-layers 0 for this model")
-    if unlabelled_only:
-        data = qt.index_passages(index)
-    else:
-        data = td.from_beir(beir, split, dev_split) if beir is not None else td.from_pairs_file(pairs)
-    click.echo(f"training on {data.source}: {len(data.queries)} queries, {data.n_pairs} pairs, {len(data.passages)} passages", err=True)
-    if index is not None:
-        pvec, found = qt.index_vectors(index, data, enc)
-        click.echo(f"vectors of {found} of {len(data.passages)} passages from {index}", err=True)
-    else:
-        pvec = qt.passage_vectors(enc, data, cache, progress)
-    n_pseudo = 0
-    if pseudo_queries:
-        data, n_pseudo = qt.add_corpus_queries(data, data.titles)
-        if unlabelled_only:  # no labels: the pseudo-queries are the dev set too (a proxy task)
-            data.unlabelled = set()
-        click.echo(f"+ {n_pseudo} pseudo-queries from the corpus ({'titles' if data.titles else 'first sentences'})", err=True)
-    split_cfg = TrainConfig(dev_fraction=dev_fraction, seed=seed)
-    sp = make_split(data, split_cfg, np.random.default_rng(seed))
-    if not sp.train:
-        raise InputError("too few training queries after holding out the dev set")
-    if sp.note:
-        click.echo(f"note: {sp.note}", err=True)
-    res = qt.train_query_tower(data, enc, pvec, cfg, sp, progress, pseudo=n_pseudo)
-    verdict = _report_and_gate(res, force, "the trained query layers", "the base model", "they were", "them")
-    info = qt.save_tower(res.tower, out, {
-        "base_model": enc.name, "base_model_fingerprint": enc.fingerprint, "max_length": enc.max_length, "doc_pooling": enc.pooling,
-        "training_data": data.source, "training_data_checksum": data.checksum, "hyperparameters": qt.config_dict(cfg),
-        "metrics": res.metrics(), "improved_on_dev": res.improved,
-    }, positive_ids=td.trained_positive_ids(data, res.split.train))
-    click.echo(verdict)
-    click.echo(f"saved query layers to {out} (fingerprint {info['fingerprint']}); documents keep their vectors: "
-               f"`semsearch index CORPUS --head {out}` records it on an index without re-encoding")
+        click.echo(f"saved query layers to {out} (fingerprint {rep.head['fingerprint']}); documents keep their vectors: "
+                   f"`semsearch index CORPUS --head {out}` records it on an index without re-encoding")
 
 
 @main.command()
@@ -652,18 +411,15 @@ def serve(index, host, port, device, read_only, api_key, api_key_file, insecure,
     beyond loopback it refuses to start without --api-key / --api-key-file / SEMSEARCH_API_KEY
     (or --insecure). With --docs, interactive docs at http://HOST:PORT/docs.
     """
-    from semsearch.serve import Limits, serve as run_server
+    from semsearch.serve import Limits, read_key_file, serve as run_server
 
     if api_key_file is not None:
         if api_key is not None and click.get_current_context().get_parameter_source("api_key") != click.core.ParameterSource.ENVIRONMENT:
             raise click.UsageError("give --api-key or --api-key-file, not both")  # the file wins over SEMSEARCH_API_KEY
         try:
-            lines = api_key_file.read_text(encoding="utf-8").splitlines()
-        except (OSError, UnicodeDecodeError) as e:
-            raise click.BadParameter(f"cannot read {str(api_key_file)!r}: {getattr(e, 'strerror', None) or e}", param_hint="--api-key-file")
-        api_key = lines[0].strip() if lines else ""
-        if not api_key:
-            raise click.BadParameter(f"{str(api_key_file)!r} holds no key on its first line", param_hint="--api-key-file")
+            api_key = read_key_file(api_key_file)
+        except SemsearchError as e:
+            raise click.BadParameter(str(e), param_hint="--api-key-file") from e
     limits = Limits(max_request_bytes=max_request_bytes, max_k=max_k, max_results=max_results,
                     max_response_bytes=max_response_bytes, max_inflight_per_client=max_inflight_per_client)
     try:

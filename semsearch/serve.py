@@ -90,6 +90,18 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def read_key_file(path) -> str:
+    """The API key on the first line of a file (`--api-key-file`); InputError naming the file otherwise."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"cannot read {str(path)!r}: {getattr(e, 'strerror', None) or e}") from e
+    key = lines[0].strip() if lines else ""
+    if not key:
+        raise InputError(f"{str(path)!r} holds no key on its first line")
+    return key
+
+
 def check_api_key(key: str) -> str:
     """`key` if it can be a bearer token (visible ASCII, no spaces), else InputError."""
     if not isinstance(key, str) or not key.strip():

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from semsearch.cli import _table, main
+from semsearch.cli import main
+from semsearch.formatting import table as _table
 from semsearch.search import Hit
 
 from conftest import REPO

@@ -1,0 +1,385 @@
+"""The library's front door: one function per command of the CLI, which is a thin layer over them.
+
+    >>> import semsearch
+    >>> report = semsearch.index("data/sample", "indexes/doc-example", progress=False)
+    >>> report.chunks > 0
+    True
+    >>> hits = semsearch.Retriever.load("indexes/doc-example").search("how long does a loan decision take?", k=3)
+    >>> len(hits)
+    3
+
+`evaluate` and `train` take the same options as `semsearch eval` and `semsearch train`, by the
+same names. Errors are typed (semsearch.errors); nothing here prints: long work shows a progress
+bar where `progress` allows it, and `log` (a callable taking one line) receives what a person
+watching would want to read.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from semsearch.errors import InputError, SemsearchError
+
+Log = Callable[[str], None]
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+# ---- index ---------------------------------------------------------------------------------------
+def index(
+    corpus: str | os.PathLike,
+    index: str | os.PathLike | None = None,
+    *,
+    model: str | None = None,
+    pooling: str | None = None,
+    head: str | os.PathLike | None = None,
+    device: str = "auto",
+    precision: str = "auto",
+    chunk_tokens: int | None = None,
+    overlap: int | None = None,
+    text_column: str | None = None,
+    skip_errors: bool = False,
+    checksum: bool = False,
+    include: Sequence[str] = (),
+    exclude: Sequence[str] = (),
+    rebuild: bool = False,
+    keep_states: bool = False,
+    index_type: str = "auto",
+    target_recall: float = 0.95,
+    max_bytes_per_vector: int | None = None,
+    engine: str = "local",
+    ray_address: str | None = None,
+    workers: int | None = None,
+    progress: bool | None = None,
+):
+    """Index the files under `corpus` (a folder or one file) into the index folder `index`
+    (default: $SEMSEARCH_INDEX, else ./indexes/default); an existing index is updated: only new
+    or changed files are embedded, deleted ones removed. Gives back the IndexReport.
+
+    >>> semsearch.index("data/sample", "indexes/doc-example", include=["*.md"], rebuild=True, progress=False).added > 0
+    True
+    """
+    from semsearch.corpus import ReadOptions
+    from semsearch.engines import make_engine
+    from semsearch.indexing import VectorSettings, encoder_for_index, index_corpus, load_base, resolve_chunking, scan_corpus
+    from semsearch.store import index_path
+
+    corpus = Path(corpus)
+    folder = index_path(index)
+    if not corpus.exists():  # before loading a model
+        raise InputError(f"corpus path {str(corpus)!r} does not exist")
+    found = scan_corpus(corpus, include, exclude)  # an empty or unreadable corpus fails before the model loads
+    runner = make_engine(engine, ray_address if engine == "ray" else None, workers)
+    base = load_base(folder, rebuild)
+    enc = encoder_for_index(base, model, pooling, Path(head) if head is not None else None, device, precision)
+    chunking = resolve_chunking(base, enc, chunk_tokens, overlap)
+    vs = VectorSettings(index_type=index_type, target_recall=target_recall, max_bytes_per_vector=max_bytes_per_vector, device=device)
+    return index_corpus(corpus, folder, enc, chunking, ReadOptions(text_column, skip_errors), rebuild, progress,
+                        keep_states=keep_states, vectors=vs, checksum=checksum, found=found, engine=runner)
+
+
+# ---- evaluate ------------------------------------------------------------------------------------
+def evaluate(
+    dataset: str | os.PathLike | None = None,
+    *,
+    split: str = "test",
+    pooling: Sequence[str] | None = None,
+    head: str | os.PathLike | None = None,
+    model: str | None = None,
+    k: Sequence[int] = (10, 100),
+    index: str | os.PathLike | None = None,
+    pairs: str | os.PathLike | None = None,
+    pair_columns: Sequence[str] | None = None,
+    max_queries: int | None = None,
+    max_docs: int | None = None,
+    device: str = "auto",
+    precision: str = "auto",
+    max_length: int | None = None,
+    modes: Sequence[str] | None = None,
+    fusion: str = "convex",
+    alpha: float | None = None,
+    per_query: bool = False,
+    progress: bool | None = None,
+) -> dict[str, Any]:
+    """Retrieval quality on a BEIR-format `dataset` folder (nDCG, recall, MAP, MRR at each `k`,
+    in %, by trec_eval), of the model with each pooling (and `head`) by exact search, or of an
+    index as built (`index`); and/or pair similarity on a `pairs` file. Gives back the report as
+    a dict (what `semsearch eval --json` prints).
+
+    >>> rep = semsearch.evaluate("data/tiny-beir", pooling=["mean", "cls"], k=[1, 10], progress=False)
+    >>> sorted(row["pooling"] for row in rep["results"])
+    ['cls', 'mean']
+    """
+    from semsearch import eval as ev
+    from semsearch.indexing import encoder_for_index
+
+    cutoffs = sorted({int(x) for x in k})
+    if not cutoffs or min(cutoffs) < 1:
+        raise InputError(f"cutoffs must be positive integers, got {list(k)}")
+    if dataset is None and pairs is None:
+        raise InputError("give a BEIR dataset folder, or --pairs FILE")
+
+    def subset(data):
+        return data.subset(max_queries, max_docs) if (max_queries or max_docs) else data
+
+    if index is not None:
+        from semsearch.search import Retriever
+
+        if dataset is None:
+            raise InputError("--index needs a BEIR dataset folder to evaluate against")
+        data = subset(ev.load_beir(Path(dataset), split))
+        r = Retriever.load(index, device=device)
+        try:
+            return ev.evaluate_index(data, r, cutoffs, modes=list(modes or ["dense"]), fusion=fusion, alpha=alpha).to_dict()
+        finally:
+            r.close()
+    enc = encoder_for_index(None, model, None, Path(head) if head is not None else None, device, precision, max_length)
+    names = list(pooling or ["mean"]) + (["head"] if head is not None else [])
+    report: dict[str, Any] = {}
+    if dataset is not None:
+        data = subset(ev.load_beir(Path(dataset), split))
+        subsets = None
+        if head is not None:
+            from semsearch.encoder.heads import unseen_document_queries
+
+            unseen = unseen_document_queries(head, data.qrels)
+            subsets = {"unseen documents": unseen} if unseen is not None else None
+        report = ev.evaluate_beir(data, enc, names, cutoffs, progress=progress, modes=list(modes or ["dense"]),
+                                  fusion=fusion, alpha=alpha, per_query=per_query, subsets=subsets).to_dict()
+    if pairs is not None:
+        cols = list(pair_columns) if pair_columns else None
+        report["pairs"] = {"file": str(pairs), "results": ev.evaluate_pairs(Path(pairs), enc, names, cols),
+                           "settings": ev.encoder_settings(enc)}
+    return report
+
+
+# ---- train ---------------------------------------------------------------------------------------
+class NotImproved(SemsearchError):
+    """A trained result that the dev set did not check, or that did not beat the base model there:
+    nothing was saved (pass force=True to save it anyway)."""
+
+
+@dataclass
+class TrainReport:
+    """What `train` made: the head folder's {'path', 'fingerprint'}, the one-line verdict on the
+    dev set, each dev check, and whether it beat the base model there."""
+
+    head: dict[str, Any]
+    kind: str  # 'query-layers' or 'pooling'
+    verdict: str
+    improved: bool
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+
+def train(
+    out: str | os.PathLike,
+    *,
+    beir: str | os.PathLike | None = None,
+    split: str = "train",
+    dev_split: str | None = None,
+    pairs: str | os.PathLike | None = None,
+    index: str | os.PathLike | None = None,
+    train_layers: int = 2,
+    pseudo_queries: bool | None = None,
+    model: str | None = None,
+    epochs: int | None = None,
+    patience: int | None = None,
+    batch_size: int = 64,
+    positives_per_query: int = 2,
+    lr: float | None = None,
+    weight_decay: float | None = None,
+    scale: float = 20.0,
+    hard_negatives: int = 1,
+    neg_skip: int = 3,
+    neg_depth: int = 50,
+    symmetric: bool = False,
+    projection: str = "none",
+    dev_fraction: float = 0.2,
+    seed: int = 0,
+    cache: str | os.PathLike | None = "indexes/.cache",
+    force: bool = False,
+    device: str = "auto",
+    precision: str = "auto",
+    progress: bool | None = None,
+    log: Log = _quiet,
+) -> TrainReport:
+    """Fine-tune contrastively on (query, relevant passage) pairs from a BEIR dataset (`beir`), a
+    pairs file (`pairs`), or the corpus of `index` alone (its titles / first sentences as
+    queries), and save the result to the folder `out`. `train_layers` > 0 trains the top layers of
+    the query encoder (documents keep their vectors); 0 trains an attention-pooling head on cached
+    token states. The dev set holds queries on documents training never saw; a result that does
+    not beat the base model there raises NotImproved and saves nothing, unless `force`.
+
+    >>> rep = semsearch.train("heads/doc-example", beir="data/tiny-beir", epochs=1,
+    ...                       dev_fraction=0.5, force=True, progress=False)
+    >>> rep.kind, Path(rep.head["path"]).name
+    ('query-layers', 'doc-example')
+    """
+    if beir is not None and pairs is not None:
+        raise InputError("give one of --beir DATASET or --pairs FILE, not both")
+    if dev_split is not None and beir is None:
+        raise InputError("--dev-split needs --beir")
+    out = Path(out)
+    cache = Path(cache) if cache is not None else None
+    args = dict(beir=Path(beir) if beir is not None else None, split=split, dev_split=dev_split,
+                pairs=Path(pairs) if pairs is not None else None, index=Path(index) if index is not None else None,
+                model=model, batch_size=batch_size, positives_per_query=positives_per_query, scale=scale,
+                dev_fraction=dev_fraction, seed=seed, cache=cache, device=device, precision=precision, progress=progress, log=log)
+    if train_layers > 0:
+        res, info = _train_query_layers(out, train_layers, pseudo_queries, epochs, patience, lr, weight_decay, force, **args)
+        kind = "query-layers"
+    else:
+        res, info = _train_pooling_head(out, pseudo_queries, epochs, patience, lr, weight_decay, hard_negatives, neg_skip,
+                                        neg_depth, symmetric, projection, force, **args)
+        kind = "pooling"
+    return TrainReport(head=info, kind=kind, verdict=res.verdict(), improved=res.improved, history=list(res.history))
+
+
+def _gate(res, force: bool, log: Log, what: str, base: str, were: str, them: str) -> None:
+    """Log the dev checks; refuse (nothing saved) a result no dev set checked or that did not beat
+    the base there, unless force."""
+    for row in res.history:
+        log("  " + ", ".join(f"{k} {v}" for k, v in row.items()))
+    verdict = res.verdict()
+    if res.gate == "none" and not force:
+        raise NotImproved(f"no dev set (--dev-fraction 0), so nothing checked {what} and {were} not saved ({verdict}). "
+                          f"Use --force to save {them} anyway.")
+    if not res.improved and not force:
+        raise NotImproved(f"{what} did not beat {base} on the {'unseen-document ' if res.gate == 'unseen' else ''}dev set, "
+                          f"so {were} not saved ({verdict}). Use --force to save {them} anyway.")
+
+
+def _train_pooling_head(out, pseudo_queries, epochs, patience, lr, weight_decay, hard_negatives, neg_skip, neg_depth,
+                        symmetric, projection, force, *, beir, split, dev_split, pairs, index, model, batch_size,
+                        positives_per_query, scale, dev_fraction, seed, cache, device, precision, progress, log):
+    import numpy as np
+
+    from semsearch.encoder.encoder import Encoder
+    from semsearch.train import data as td
+    from semsearch.train.head import save_head
+    from semsearch.train.trainer import TrainConfig, config_dict, train_head
+
+    pseudo_queries = bool(pseudo_queries)
+    epochs, patience, lr = epochs or 10, patience or 2, lr if lr is not None else 2e-3
+    unlabelled_only = beir is None and pairs is None
+    if unlabelled_only and (index is None or not pseudo_queries):
+        raise InputError("give --beir DATASET or --pairs FILE, or --index DIR --pseudo-queries to train on the corpus alone")
+    if pseudo_queries and index is None:
+        raise InputError("--pseudo-queries needs --index DIR (an index built with --keep-states)")
+    if unlabelled_only:
+        data = td.PairData([], [], {}, checksum="", source=f"{index} (unlabelled)")
+    else:
+        data = td.from_beir(beir, split, dev_split) if beir is not None else td.from_pairs_file(pairs)
+    cfg = TrainConfig(epochs=epochs, batch_size=batch_size, lr=lr, weight_decay=weight_decay or 0.0, scale=scale,
+                      hard_negatives=hard_negatives, neg_skip=neg_skip, neg_depth=neg_depth, symmetric=symmetric,
+                      projection=projection, positives_per_query=positives_per_query, patience=patience,
+                      dev_fraction=dev_fraction, seed=seed)
+    enc = Encoder(model, device=device, precision=precision)
+    log(f"training on {data.source}: {len(data.queries)} queries, {data.n_pairs} pairs, {len(data.passages)} passages")
+    passages = None
+    if index is not None:
+        from semsearch.train.index_states import add_pseudo_queries, index_chunks, passage_states
+        from semsearch.train.states import StateCache
+
+        if data.passages:
+            got = passage_states(index, data.passages, data.passage_ids, enc, progress)
+            passages = got.passages
+            log(f"token states of {got.from_index} passages from {index}" + (f", {got.encoded} encoded" if got.encoded else ""))
+        else:
+            passages = StateCache.from_spans([], np.zeros((0, 3), np.int64))
+        if pseudo_queries:
+            data, passages = add_pseudo_queries(data, passages, index_chunks(index, enc), seed=seed)
+            if unlabelled_only:  # no labels: the pseudo-queries are the dev set too (a proxy task)
+                data.unlabelled = set()
+                data.checksum = td.texts_checksum(data.queries, data.passages)
+            log(f"{len(data.queries)} queries with the corpus's pseudo-queries, {len(data.passages)} passages")
+    res = train_head(data, enc, cfg, cache, progress, passages=passages)
+    _gate(res, force, log, "the head", "mean pooling", "it was", "it")
+    info = save_head(res.head, out, {
+        "base_model": enc.name, "base_model_fingerprint": enc.fingerprint, "max_length": enc.max_length,
+        "training_data": data.source, "training_data_checksum": data.checksum, "hyperparameters": config_dict(cfg),
+        "metrics": res.metrics(), "improved_on_dev": res.improved,
+    }, positive_ids=td.trained_positive_ids(data, res.split.train))
+    return res, info
+
+
+def _train_query_layers(out, layers, pseudo_queries, epochs, patience, lr, weight_decay, force, *, beir, split, dev_split,
+                        pairs, index, model, batch_size, positives_per_query, scale, dev_fraction, seed, cache, device,
+                        precision, progress, log):
+    """See semsearch/train/query_tower.py."""
+    import numpy as np
+
+    from semsearch.encoder.encoder import Encoder
+    from semsearch.train import data as td
+    from semsearch.train import query_tower as qt
+    from semsearch.train.trainer import TrainConfig, make_split
+
+    pseudo_queries = True if pseudo_queries is None else pseudo_queries
+    unlabelled_only = beir is None and pairs is None
+    if unlabelled_only and (index is None or not pseudo_queries):
+        raise InputError("give --beir DATASET or --pairs FILE, or --index DIR (with pseudo-queries) to train on the corpus alone")
+    cfg = qt.TowerConfig(layers=layers, epochs=epochs or 3, patience=patience or 3, batch_size=batch_size,
+                         lr=lr if lr is not None else 2e-5, weight_decay=0.01 if weight_decay is None else weight_decay, scale=scale,
+                         positives_per_query=positives_per_query, pseudo_queries=pseudo_queries, seed=seed)
+    enc = Encoder(model, device=device, precision=precision)
+    if enc.backend != "native":
+        raise InputError("--train-layers needs a BERT-family model on the native encoder; use --train-layers 0 for this model")
+    if unlabelled_only:
+        data = qt.index_passages(index)
+    else:
+        data = td.from_beir(beir, split, dev_split) if beir is not None else td.from_pairs_file(pairs)
+    log(f"training on {data.source}: {len(data.queries)} queries, {data.n_pairs} pairs, {len(data.passages)} passages")
+    if index is not None:
+        pvec, found = qt.index_vectors(index, data, enc)
+        log(f"vectors of {found} of {len(data.passages)} passages from {index}")
+    else:
+        pvec = qt.passage_vectors(enc, data, cache, progress)
+    n_pseudo = 0
+    if pseudo_queries:
+        data, n_pseudo = qt.add_corpus_queries(data, data.titles)
+        if unlabelled_only:  # no labels: the pseudo-queries are the dev set too (a proxy task)
+            data.unlabelled = set()
+        log(f"+ {n_pseudo} pseudo-queries from the corpus ({'titles' if data.titles else 'first sentences'})")
+    sp = make_split(data, TrainConfig(dev_fraction=dev_fraction, seed=seed), np.random.default_rng(seed))
+    if not sp.train:
+        raise InputError("too few training queries after holding out the dev set")
+    if sp.note:
+        log(f"note: {sp.note}")
+    res = qt.train_query_tower(data, enc, pvec, cfg, sp, progress, pseudo=n_pseudo)
+    _gate(res, force, log, "the trained query layers", "the base model", "they were", "them")
+    info = qt.save_tower(res.tower, out, {
+        "base_model": enc.name, "base_model_fingerprint": enc.fingerprint, "max_length": enc.max_length, "doc_pooling": enc.pooling,
+        "training_data": data.source, "training_data_checksum": data.checksum, "hyperparameters": qt.config_dict(cfg),
+        "metrics": res.metrics(), "improved_on_dev": res.improved,
+    }, positive_ids=td.trained_positive_ids(data, res.split.train))
+    return res, info
+
+
+# ---- info ----------------------------------------------------------------------------------------
+def verify(index: str | os.PathLike | None = None) -> list[str]:
+    """Every problem found by reading every byte of an index folder (hashes, SQLite's integrity
+    check, FAISS and SQLite id sets); an empty list: the index is whole."""
+    from semsearch.store import index_path
+    from semsearch.store.folder import verify as verify_folder
+
+    return verify_folder(index_path(index))
+
+
+def search_modes(folder: Path, manifest) -> str:
+    """The search modes an index offers, read from its docstore (for `semsearch info`)."""
+    from semsearch.store.docstore import DocStore
+    from semsearch.store.lexical import ANALYZER
+
+    try:
+        docs = DocStore(folder / manifest.files["docs"], readonly=True)
+        has_lexical = "lex" in {r[1] for r in docs.db.execute("PRAGMA table_info(chunks)")}
+        docs.close()
+    except Exception as e:  # noqa: BLE001 - info reports, it does not fail on a damaged docstore
+        return f"unknown (cannot read the docstore: {e})"
+    if has_lexical:
+        return f"dense, lexical (BM25, {ANALYZER}), hybrid (default)"
+    return "dense only: built before lexical search; `semsearch index CORPUS` adds it without re-encoding"
