@@ -41,6 +41,7 @@ class Hit:
     mode: str = "dense"  # how it was found: dense, lexical or hybrid
     dense_score: float | None = None  # cosine similarity (hybrid and dense)
     lexical_score: float | None = None  # BM25 score, >= 0 (hybrid and lexical; 0: no query term occurs)
+    explanation: dict[str, Any] | None = None  # why it matched, with explain=True (see semsearch/explain.py)
 
     @property
     def location(self) -> str:
@@ -162,20 +163,22 @@ class Retriever:
         return "hybrid" if self._gen.lexical(self.folder, required=False) is not None else "dense"
 
     def search(self, query: str, k: int = 10, mode: str | None = None, where: Any = None,
-               fusion: str = "convex", alpha: float | None = None) -> list[Hit]:
+               fusion: str = "convex", alpha: float | None = None, explain: bool = False) -> list[Hit]:
         """The k chunks that best match query, best first.
 
         mode: 'dense' (cosine of embeddings), 'lexical' (BM25) or 'hybrid' (both, fused; the
         default where the index has a lexical side). where: metadata filter applied before
         ranking (see semsearch.filters), e.g. {"lang": "en"} or ["year>=2020", "path:*.md"].
         fusion: 'convex' (alpha * dense + (1 - alpha) * lexical, each min-max normalised) or 'rrf'.
+        explain: give each hit an `explanation` (semsearch/explain.py): the chunk's tokens with
+        their exact parts of the cosine, the query terms' parts of BM25, the fusion arithmetic.
         """
         if not isinstance(query, str):
             raise InputError(f"the query must be a string, got {type(query).__name__}")
-        return self.search_batch([query], k, mode, where, fusion, alpha)[0]
+        return self.search_batch([query], k, mode, where, fusion, alpha, explain)[0]
 
     def search_batch(self, queries: Sequence[str], k: int = 10, mode: str | None = None, where: Any = None,
-                     fusion: str = "convex", alpha: float | None = None) -> list[list[Hit]]:
+                     fusion: str = "convex", alpha: float | None = None, explain: bool = False) -> list[list[Hit]]:
         """search() for many queries at once (one encoder pass)."""
         if isinstance(queries, str):
             raise InputError("search_batch takes a list of queries; use search() for one")
@@ -201,15 +204,25 @@ class Retriever:
             lex = g.lexical(self.folder)
             mask = allowed.rows(lex.ids) if allowed is not None else None
             found = [[(i, s, None, s) for i, s in lex.search(q, k, mask)] for q in queries]
-            return _hits(g, found, mode)
+            return self._explained(g, queries, None, _hits(g, found, mode), mode, fusion, alpha, None) if explain \
+                else _hits(g, found, mode)
         warn_truncated(self.encoder, queries)
         qv = encode_queries(self.encoder, list(queries))
         if mode == "dense":
             scores, ids = _dense(g, qv, k, allowed)
-            return _hits(g, _dense_found(scores, ids), mode)
+            hits = _hits(g, _dense_found(scores, ids), mode)
+            return self._explained(g, queries, qv, hits, mode, fusion, alpha, None) if explain else hits
+        pools: list | None = [] if explain else None  # each query's candidates, for the fusion arithmetic
         found = _hybrid(g, g.lexical(self.folder), queries, qv, k, allowed, fusion,
-                        fusion_.ALPHA if alpha is None else alpha)
-        return _hits(g, found, mode)
+                        fusion_.ALPHA if alpha is None else alpha, pools)
+        hits = _hits(g, found, mode)
+        return self._explained(g, queries, qv, hits, mode, fusion, alpha, pools) if explain else hits
+
+    def _explained(self, g, queries, qv, hits, mode, fusion, alpha, pools) -> list[list[Hit]]:
+        from semsearch.explain import explain_hits
+
+        explain_hits(self, g, queries, qv, hits, mode, fusion, fusion_.ALPHA if alpha is None else alpha, pools)
+        return hits
 
     def search_vectors(self, qv: np.ndarray, k: int = 10, where: Any = None) -> list[list[Hit]]:
         """Dense hits for query vectors (n, d), already normalised."""
@@ -287,9 +300,10 @@ def _exact(g: _Generation, qv: np.ndarray, k: int, allowed: np.ndarray) -> tuple
     return scores, out
 
 
-def _hybrid(g: _Generation, lex, queries, qv, k, allowed, fusion, alpha):
+def _hybrid(g: _Generation, lex, queries, qv, k, allowed, fusion, alpha, pools: list | None = None):
     """[(id, fused, cosine, bm25)] per query: the union of both sides' top DEPTH, each
-    candidate scored exactly on both sides, fused, best k."""
+    candidate scored exactly on both sides, fused, best k. `pools`, where given, gets each
+    query's candidates (ids, cosines, bm25), or None where it has none."""
     depth = max(k, fusion_.DEPTH)
     mask = allowed.rows(lex.ids) if allowed is not None else None
     dscores, dids = _dense(g, qv, depth, allowed)
@@ -302,6 +316,8 @@ def _hybrid(g: _Generation, lex, queries, qv, k, allowed, fusion, alpha):
         cand = np.union1d(di, lids)  # sorted ids
         if not len(cand):
             out.append([])
+            if pools is not None:
+                pools.append(None)
             continue
         d = np.empty(len(cand), np.float64)
         at = np.searchsorted(cand, di)
@@ -314,6 +330,8 @@ def _hybrid(g: _Generation, lex, queries, qv, k, allowed, fusion, alpha):
                 ids, vecs = g.docs.get_vectors(only_lex)
             d[np.searchsorted(cand, ids)] = vecs @ np.asarray(v, np.float32)
         b = lex.lookup(acc, cand)
+        if pools is not None:
+            pools.append((cand, d, b))
         fused = fusion_.fuse(d, b, fusion, alpha)
         out.append([(int(cand[j]), float(fused[j]), float(d[j]), float(b[j])) for j in fusion_.top(cand, fused, k)])
     return out
