@@ -386,13 +386,13 @@ def _query_encoder(folder: Path, m, model: str | None, device: str, fast_start: 
             raise SettingsMismatch(f"the pooling head at {m.head['path']} changed since {folder} was built; "
                                    "re-pool the index with `semsearch index CORPUS --head DIR`")
     from semsearch.encoder.hardware import precision_for_index, resolve_device
-    from semsearch.encoder.heads import is_query_head
 
     _, where = resolve_model(m.model)
     on_cpu = device != "cuda" if fast_start else resolve_device(device) == "cpu"
-    # Queries in the index's own arithmetic: an int8 index is queried in int8 (ONNX Runtime).
+    # Queries in the index's own arithmetic: an int8 index is queried in int8 (ONNX Runtime);
+    # trained query layers run in fp32 on either encoder (see NumpyEncoder).
     precision = precision_for_index(m.precision, "cpu" if on_cpu else "cuda")
-    if fast_start and m.backend == "native" and isinstance(where, Path) and on_cpu and not is_query_head(m.head):
+    if fast_start and m.backend == "native" and isinstance(where, Path) and on_cpu:
         from semsearch.encoder.numpy_encoder import NumpyEncoder
 
         # Trust the recorded fingerprint while the weight files keep their size and time (as git does).

@@ -1,4 +1,4 @@
-"""A torch-free fp32 forward pass of the native encoder, for queries.
+"""A torch-free fp32 forward pass of the native encoder, for queries (trained query layers included).
 
 A query is a handful of tokens: the work is tiny, and importing torch (1.5–3 s) would dominate a
 one-shot `semsearch query`. This mirrors transformer.py + pooling.py in numpy (same weights, same
@@ -99,12 +99,39 @@ def one_blas_thread():
 _POOLS = None
 
 
-class NumpyEncoder:
-    """Same interface as Encoder.encode for the native BERT backend, fp32 on the CPU.
+def _base_layer(sd: dict[str, np.ndarray], i: int) -> tuple[np.ndarray, ...]:
+    """Layer i of a BERT checkpoint, fused and pre-transposed so that x @ W is one BLAS call a projection."""
+    p = f"encoder.layer.{i}."
+    qkv_w = np.concatenate([sd[p + f"attention.self.{n}.weight"] for n in ("query", "key", "value")]).T.copy()
+    qkv_b = np.concatenate([sd[p + f"attention.self.{n}.bias"] for n in ("query", "key", "value")])
+    return (qkv_w, qkv_b,
+            sd[p + "attention.output.dense.weight"].T, sd[p + "attention.output.dense.bias"],
+            sd[p + "attention.output.LayerNorm.weight"], sd[p + "attention.output.LayerNorm.bias"],
+            sd[p + "intermediate.dense.weight"].T, sd[p + "intermediate.dense.bias"],
+            sd[p + "output.dense.weight"].T, sd[p + "output.dense.bias"],
+            sd[p + "output.LayerNorm.weight"], sd[p + "output.LayerNorm.bias"])
 
-    int8=True: the token states come from the cached int8 ONNX model instead (onnx_backend.py,
-    which must exist), so that an int8 index gets the very query vectors the torch encoder gives
-    it, still without importing torch."""
+
+def _tower_layer(w: dict[str, np.ndarray], i: int) -> tuple[np.ndarray, ...]:
+    """Layer i of a QueryTower's state dict (transformer.Layer's names: qkv already fused), in _base_layer's order."""
+    p = f"layers.{i}."
+    f = lambda n: np.ascontiguousarray(w[p + n], dtype=np.float32)  # noqa: E731
+    return (f("qkv.weight").T.copy(), f("qkv.bias"), f("attn_out.weight").T, f("attn_out.bias"), f("ln1.weight"), f("ln1.bias"),
+            f("ff_in.weight").T, f("ff_in.bias"), f("ff_out.weight").T, f("ff_out.bias"), f("ln2.weight"), f("ln2.bias"))
+
+
+class NumpyEncoder:
+    """Same interface as Encoder.encode / encode_queries for the native BERT backend, on the CPU.
+
+    int8=True: documents' token states (encode) come from the cached int8 ONNX model instead
+    (onnx_backend.py, which must exist), so that an int8 index gets the very query vectors the
+    torch encoder gives it, still without importing torch.
+
+    A head folder of trained query layers (kind 'query-layers'): encode_queries runs the base
+    model's bottom layers, then the fine-tuned top layers from head.safetensors, then the
+    documents' pooling, as Encoder.encode_queries does. That path is fp32 whatever the index's
+    precision, int8 included: the torch encoder runs its query layers on the fp32 model too
+    (query_layers.tower_states), and they were trained against fp32 bottom layers."""
 
     backend = "native"
     device = "cpu"
@@ -124,12 +151,18 @@ class NumpyEncoder:
         self.dim = int(cfg["hidden_size"])
         self.L = int(cfg["num_hidden_layers"])
         self.precision = "int8" if int8 else "fp32"
+        self.query_tower = None
+        if head_folder is not None and pooling != "head":
+            from semsearch.encoder.heads import QUERY_LAYERS, head_kind
+
+            if head_kind(head_folder) == QUERY_LAYERS:
+                self.query_tower = _NumpyTower(head_folder, self.L, self.dim)
         self.onnx, self.w, self.layers = None, {}, []
         if int8:
             from semsearch.encoder.onnx_backend import OnnxStates, model_path
 
-            self.onnx = OnnxStates(model_path(fingerprint))
-        else:
+            self.onnx = OnnxStates(model_path(fingerprint))  # its session loads on first use
+        if not int8 or self.query_tower is not None:
             self._load_weights(folder)
         self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
         self.tokenizer.no_padding()
@@ -142,27 +175,20 @@ class NumpyEncoder:
     def _load_weights(self, folder: Path) -> None:
         """Map the fp32 weights: fused, pre-transposed, so that x @ W is one BLAS call a projection."""
         sd = self.w = {k.removeprefix("bert."): v for k, v in map_safetensors(folder / "model.safetensors").items()}
-        for i in range(self.L):
-            p = f"encoder.layer.{i}."
-            qkv_w = np.concatenate([sd[p + f"attention.self.{n}.weight"] for n in ("query", "key", "value")]).T.copy()
-            qkv_b = np.concatenate([sd[p + f"attention.self.{n}.bias"] for n in ("query", "key", "value")])
-            self.layers.append((qkv_w, qkv_b,
-                                sd[p + "attention.output.dense.weight"].T, sd[p + "attention.output.dense.bias"],
-                                sd[p + "attention.output.LayerNorm.weight"], sd[p + "attention.output.LayerNorm.bias"],
-                                sd[p + "intermediate.dense.weight"].T, sd[p + "intermediate.dense.bias"],
-                                sd[p + "output.dense.weight"].T, sd[p + "output.dense.bias"],
-                                sd[p + "output.LayerNorm.weight"], sd[p + "output.LayerNorm.bias"]))
+        # With trained query layers and int8 documents, only the layers below the tower are run here.
+        n = self.query_tower.first if self.onnx is not None else self.L
+        self.layers = [_base_layer(sd, i) for i in range(n)]
 
-    def _forward(self, ids: list[int]) -> np.ndarray:
-        """Token states (T, D) of one unpadded sequence (no mask needed)."""
-        if self.onnx is not None:
-            return self.onnx.each([np.asarray(ids, np.int64)])[0]
-        T, D = len(ids), self.dim
+    def _embed(self, ids: list[int]) -> np.ndarray:
         sd = self.w
-        x = sd["embeddings.word_embeddings.weight"][ids] + sd["embeddings.position_embeddings.weight"][:T] + sd["embeddings.token_type_embeddings.weight"][0]
-        x = _layer_norm(x, sd["embeddings.LayerNorm.weight"], sd["embeddings.LayerNorm.bias"], self.eps)
+        x = sd["embeddings.word_embeddings.weight"][ids] + sd["embeddings.position_embeddings.weight"][: len(ids)] + sd["embeddings.token_type_embeddings.weight"][0]
+        return _layer_norm(x, sd["embeddings.LayerNorm.weight"], sd["embeddings.LayerNorm.bias"], self.eps)
+
+    def _run(self, x: np.ndarray, layers) -> np.ndarray:
+        """x (T, D) through post-norm encoder layers (no mask: one unpadded sequence)."""
+        T, D = x.shape
         h, d = self.h, D // self.h
-        for qkv_w, qkv_b, o_w, o_b, ln1_w, ln1_b, i_w, i_b, f_w, f_b, ln2_w, ln2_b in self.layers:
+        for qkv_w, qkv_b, o_w, o_b, ln1_w, ln1_b, i_w, i_b, f_w, f_b, ln2_w, ln2_b in layers:
             q, k, v = (x @ qkv_w + qkv_b).reshape(T, 3, h, d).transpose(1, 2, 0, 3)  # 3 × (h, T, d)
             att = q @ k.transpose(0, 2, 1) * (1.0 / math.sqrt(d))  # (h, T, T)
             att = np.exp(att - att.max(-1, keepdims=True))
@@ -173,6 +199,17 @@ class NumpyEncoder:
             f = 0.5 * f * (1 + np.tanh(math.sqrt(2 / math.pi) * (f + 0.044715 * f**3))) if self.tanh_gelu else _gelu(f)
             x = _layer_norm(x + f @ f_w + f_b, ln2_w, ln2_b, self.eps)
         return x
+
+    def _forward(self, ids: list[int]) -> np.ndarray:
+        """Token states (T, D) of one unpadded sequence (no mask needed)."""
+        if self.onnx is not None:
+            return self.onnx.each([np.asarray(ids, np.int64)])[0]
+        return self._run(self._embed(ids), self.layers)
+
+    def _query_forward(self, ids: list[int]) -> np.ndarray:
+        """Token states (T, D) of a query: the base model's bottom layers, then the trained ones (fp32)."""
+        t = self.query_tower
+        return self._run(self._run(self._embed(ids), self.layers[: t.first]), t.layers)
 
     def _pool(self, states: np.ndarray) -> np.ndarray:
         if self.pooling == "cls":
@@ -185,15 +222,43 @@ class NumpyEncoder:
 
     def encode(self, texts: Sequence[str] | str, progress: bool | None = None) -> np.ndarray:
         """(n, D) L2-normalised float32 vectors, one sequence at a time (no padding at all)."""
+        return self._encode(texts, self._forward)
+
+    def encode_queries(self, texts: Sequence[str] | str, progress: bool | None = None) -> np.ndarray:
+        """(n, D) normalised vectors of queries: through the trained query layers where this
+        encoder has them (the documents' pooling after them), else as encode() does."""
+        return self._encode(texts, self._forward if self.query_tower is None else self._query_forward)
+
+    def _encode(self, texts: Sequence[str] | str, forward) -> np.ndarray:
         if isinstance(texts, str):
             texts = [texts]
         out = np.zeros((len(texts), self.out_dim), np.float32)
         with one_blas_thread():
             for i, enc in enumerate(self.tokenizer.encode_batch(list(texts))):
-                v = self._pool(self._forward(enc.ids))
+                v = self._pool(forward(enc.ids))
                 assert v.dtype == np.float32, v.dtype  # no silent float64 promotion
                 out[i] = v / max(float(np.linalg.norm(v)), 1e-12)
         return out
+
+
+class _NumpyTower:
+    """Trained query layers (query_layers.QueryTower) read from a head folder without torch."""
+
+    def __init__(self, folder: str | Path, n_layers: int, dim: int):
+        from safetensors.numpy import load_file
+
+        from semsearch.encoder.heads import read_head_config
+
+        cfg = read_head_config(folder)
+        self.first, self.n = int(cfg["first_layer"]), int(cfg["layers"])
+        if self.first + self.n != n_layers or cfg.get("dim") != dim:
+            raise ModelError(f"{folder}: query layers {self.first}..{self.first + self.n - 1} of width {cfg.get('dim')} do not fit "
+                             f"this model ({n_layers} layers of width {dim})")
+        try:
+            w = load_file(str(Path(folder) / "head.safetensors"))
+            self.layers = [_tower_layer(w, i) for i in range(self.n)]
+        except (OSError, KeyError, ValueError) as e:
+            raise ModelError(f"{folder}: cannot load its query layers ({e})") from e
 
 
 class _NumpyHead:
