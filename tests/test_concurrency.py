@@ -65,3 +65,9 @@ def test_http_endpoints_with_writes(index):
     pytest.importorskip("fastapi")
     pytest.importorskip("uvicorn")
     run(index, "http")
+
+
+@pytest.mark.parametrize("framework", ["langchain", "llamaindex", "haystack"])
+def test_adapters_sync_and_async_with_writes(index, framework):
+    pytest.importorskip({"langchain": "langchain_core", "llamaindex": "llama_index.core", "haystack": "haystack"}[framework])
+    run(index, framework)

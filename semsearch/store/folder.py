@@ -17,7 +17,7 @@ from pathlib import Path
 
 from semsearch.errors import IndexFormatError, IndexLocked
 from semsearch.store import integrity
-from semsearch.store.files import DB_ERRORS, damaged, fsync_dir, fsync_file
+from semsearch.store.files import DB_ERRORS, damaged, fsync_dir, fsync_file, manifest_stamp
 from semsearch.store.docstore import DocStore
 from semsearch.store.manifest import MANIFEST, Manifest
 from semsearch.store.vectors import VectorIndex
@@ -31,8 +31,23 @@ def now() -> str:
 
 def open_index(folder: Path, device: str = "cpu") -> tuple[Manifest, VectorIndex, DocStore]:
     """The manifest, vector index and (read-only) docstore of an index folder; the vector index
-    is searched on a GPU where device is 'cuda' (see resolve_index_device)."""
+    is searched on a GPU where device is 'cuda' (see resolve_index_device).
+
+    A writer may publish the next generation, and remove this one's files, between the reading
+    of the manifest and the opening of its files: a failure to open them while the manifest
+    changed under the reader is that race, not damage, and the current generation is opened."""
     folder = Path(folder)
+    for _ in range(20):
+        stamp = manifest_stamp(folder)
+        try:
+            return _open_generation(folder, device)
+        except IndexFormatError:
+            if manifest_stamp(folder) == stamp:
+                raise
+    return _open_generation(folder, device)
+
+
+def _open_generation(folder: Path, device: str) -> tuple[Manifest, VectorIndex, DocStore]:
     m = Manifest.load(folder)
     vectors = _load_vectors(folder, m, device)
     try:
