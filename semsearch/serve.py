@@ -36,7 +36,7 @@ import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Union
+from typing import Any, Iterable, Literal, Union
 
 import numpy as np
 
@@ -252,17 +252,18 @@ def _render(payload: Any) -> bytes:
 
 
 class _Pending:
-    __slots__ = ("texts", "result", "error", "done")
+    __slots__ = ("texts", "queries", "result", "error", "done")
 
-    def __init__(self, texts: list[str]):
-        self.texts, self.result, self.error, self.done = texts, None, None, False
+    def __init__(self, texts: list[str], queries: bool = False):
+        self.texts, self.queries, self.result, self.error, self.done = texts, queries, None, None, False
 
 
 class _SerialEncoder:
     """The index's encoder, one pass at a time (it already uses every core), with the texts of
     requests that arrived meanwhile encoded together in that pass: while one pass runs, callers
     queue up, and the next thread to get the encoder encodes the whole queue (up to
-    `max_batch` texts) and hands each caller its rows. Everything else passes through."""
+    `max_batch` texts) and hands each caller its rows. Queries through trained query layers
+    (encode_queries) queue the same way, in passes of their own. Everything else passes through."""
 
     def __init__(self, encoder, max_batch: int = 256):
         self._enc = encoder
@@ -277,7 +278,14 @@ class _SerialEncoder:
         return getattr(self._enc, name)
 
     def encode(self, texts, progress=None):
-        item = _Pending([texts] if isinstance(texts, str) else list(texts))
+        return self._submit(texts, False)
+
+    def encode_queries(self, texts, progress=None):
+        """Query vectors: through the encoder's trained query layers where it has them."""
+        return self._submit(texts, getattr(self._enc, "query_tower", None) is not None)
+
+    def _submit(self, texts, queries: bool):
+        item = _Pending([texts] if isinstance(texts, str) else list(texts), queries)
         with self._queue_lock:
             self._queue.append(item)
         with self._lock:
@@ -289,18 +297,25 @@ class _SerialEncoder:
 
     def _encode_queued(self) -> None:
         with self._queue_lock:
-            batch, n = [], 0
-            while self._queue and (not batch or n + len(self._queue[0].texts) <= self.max_batch):
-                batch.append(self._queue.pop(0))
-                n += len(batch[-1].texts)
+            queries = self._queue[0].queries  # a pass encodes one kind: the first waiting item's
+            batch, rest, n, full = [], [], 0, False
+            for it in self._queue:
+                full = full or (it.queries == queries and bool(batch) and n + len(it.texts) > self.max_batch)
+                if it.queries == queries and not full:
+                    batch.append(it)
+                    n += len(it.texts)
+                else:
+                    rest.append(it)
+            self._queue = rest
+        encode = self._enc.encode_queries if queries else self._enc.encode
         try:
-            vecs = self._enc.encode([t for it in batch for t in it.texts], progress=False)  # (n, D)
+            vecs = encode([t for it in batch for t in it.texts], progress=False)  # (n, D)
         except Exception:
             if len(batch) == 1:
                 raise
             for it in batch:  # one caller's bad input must not fail the others
                 try:
-                    it.result = self._enc.encode(it.texts, progress=False)
+                    it.result = encode(it.texts, progress=False)
                 except Exception as e:
                     it.error = e
                 it.done = True
@@ -382,7 +397,11 @@ class Service:
         r = self.retriever()
         return r.manifest.generation, search(r, queries, k, mode, where)
 
-    def embed(self, texts: list[str]) -> np.ndarray:
+    def embed(self, texts: list[str], input_type: str = "document") -> np.ndarray:
+        """Vectors of texts as documents, or as queries ("query": through the index's trained
+        query layers where it has them; the same vectors as documents where it has none)."""
+        if input_type == "query":
+            return self.encoder.encode_queries(texts, progress=False)
         return self.encoder.encode(texts, progress=False)
 
     def token_counts(self, texts: list[str]) -> list[int]:
@@ -473,6 +492,7 @@ def create_app(service: Service, limits: Limits | None = None, read_only: bool =
         encoding_format: StrictStr = "float"
         dimensions: StrictInt | None = None
         user: StrictStr | None = None
+        input_type: Literal["query", "document"] = "document"
 
     class TEIEmbedRequest(Body):
         inputs: Union[StrictStr, list[StrictStr]]
@@ -480,6 +500,7 @@ def create_app(service: Service, limits: Limits | None = None, read_only: bool =
         truncate: StrictBool = False
         truncation_direction: StrictStr = "Right"
         prompt_name: StrictStr | None = None
+        input_type: Literal["query", "document"] = "document"
 
     class DocumentIn(Strict):
         id: StrictStr
@@ -622,7 +643,7 @@ def create_app(service: Service, limits: Limits | None = None, read_only: bool =
             raise InputError(f"this model gives {m.dim}-d vectors; dimensions={req.dimensions} is not available")
 
         def work() -> Response:
-            vecs = service.embed(texts)
+            vecs = service.embed(texts, req.input_type)
             tokens = sum(min(n, m.max_length) for n in service.token_counts(texts))
             data = []
             for i, v in enumerate(vecs):
@@ -652,7 +673,7 @@ def create_app(service: Service, limits: Limits | None = None, read_only: bool =
                 if over:
                     raise InputError(f"input {over[0] + 1} has {counts[over[0]]} tokens, more than the model's {limit}; "
                                      "send truncate=true to embed its first tokens")
-            return rendered(service.embed(texts).tolist())
+            return rendered(service.embed(texts, req.input_type).tolist())
 
         return await run_in_threadpool(work)
 
