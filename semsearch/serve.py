@@ -6,8 +6,9 @@ A thin layer over `Retriever`, the index's `Encoder` and `semsearch.documents`, 
     POST /v1/embeddings (OpenAI shape), POST /embed (text-embeddings-inference shape)
     POST /documents {documents: [{id, text, metadata}]}, DELETE /documents/{id}
     GET  /v1/models                           the served model, OpenAI shape
+    GET  /                                    the search page (semsearch/static/search.html), with explain=true
 
-Exposure: every endpoint but /health asks for `Authorization: Bearer KEY` when a key is set,
+Exposure: every endpoint but /health and the search page asks for `Authorization: Bearer KEY` when a key is set,
 and `serve()` refuses an address beyond loopback without one unless told `insecure`. The Host
 header must name this server (DNS-rebinding protection). /docs, /redoc and /openapi.json exist
 only when asked for. Error messages name the index by its folder name (or its path under the
@@ -48,6 +49,7 @@ log = logging.getLogger(__name__)
 MODES = ("dense", "lexical", "hybrid")
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 UNAUTHENTICATED_PATHS = ("/health",)
+PAGE_PATHS = ("/",)  # the search page: a static file with no data in it; its own requests send the key
 DOCS_PATHS = ("/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json")
 
 
@@ -76,6 +78,7 @@ class Limits:
     max_results: int = 10_000  # hits in one search response: the sum over its queries of k
     max_response_bytes: int = 64 * 2**20  # one rendered response
     max_inflight_per_client: int = 0  # requests one client address may have running at once (0: no limit)
+    max_explained: int = 100  # hits explained in one search (explain=true; each may encode its chunk again)
 
 
 # ---- exposure: loopback, keys, hosts ---------------------------------------------------------
@@ -327,6 +330,11 @@ class _SerialEncoder:
             it.result, it.done = vecs[start:start + len(it.texts)], True
             start += len(it.texts)
 
+    def run_alone(self, fn, *args):
+        """fn(encoder, *args) while no other pass runs (an explanation encodes hits' texts itself)."""
+        with self._lock:
+            return fn(self._enc, *args)
+
     def encode_with_states(self, texts, progress=None):
         with self._lock:
             return self._enc.encode_with_states(texts, progress=progress)
@@ -391,10 +399,12 @@ class Service:
         self._stamp = stamp
 
     # ---- operations (blocking; the app runs them on worker threads) -----------------------
-    def search(self, queries: list[str], k: int, mode: str | None, where: dict | None):
-        from semsearch.integrations.common import search
+    def search(self, queries: list[str], k: int, mode: str | None, where: dict | None, explain: bool = False):
+        from semsearch.integrations.common import search, search_kwargs
 
         r = self.retriever()
+        if explain:
+            return r.manifest.generation, r.search_batch(queries, k, explain=True, **search_kwargs(r, mode, where))
         return r.manifest.generation, search(r, queries, k, mode, where)
 
     def embed(self, texts: list[str], input_type: str = "document") -> np.ndarray:
@@ -457,7 +467,7 @@ def create_app(service: Service, limits: Limits | None = None, read_only: bool =
                   docs_url="/docs" if docs else None, redoc_url="/redoc" if docs else None,
                   openapi_url="/openapi.json" if docs else None)
     app.add_middleware(_BodyLimit, limit=limits.max_request_bytes)
-    app.add_middleware(_Guard, key=key, hosts=HostPolicy(host, allowed_hosts), open_paths=UNAUTHENTICATED_PATHS + (DOCS_PATHS if docs else ()),
+    app.add_middleware(_Guard, key=key, hosts=HostPolicy(host, allowed_hosts), open_paths=UNAUTHENTICATED_PATHS + PAGE_PATHS + (DOCS_PATHS if docs else ()),
                        per_client=limits.max_inflight_per_client)
     if docs and key is not None:
         _document_bearer_auth(app)
@@ -485,6 +495,7 @@ def create_app(service: Service, limits: Limits | None = None, read_only: bool =
         k: StrictInt = Field(10, ge=1, le=limits.max_k)
         mode: StrictStr | None = None
         where: dict[str, Any] | list[StrictStr] | StrictStr | None = None
+        explain: StrictBool = False
 
     class OpenAIEmbeddingRequest(Body):
         input: Union[StrictStr, list[StrictStr]]
@@ -564,16 +575,19 @@ def create_app(service: Service, limits: Limits | None = None, read_only: bool =
                                 "(--max-response-bytes): ask for fewer queries, a smaller k, or fewer inputs")
         return Response(body, media_type="application/json")
 
-    async def run_search(queries: list[str], k: int, mode: str | None, where, single: bool) -> Response:
+    async def run_search(queries: list[str], k: int, mode: str | None, where, single: bool, explain: bool = False) -> Response:
         check_texts(queries, "query", "queries")
         if mode is not None and mode not in MODES:
             raise InputError(f"unknown mode {mode!r}; valid modes are: {', '.join(MODES)}")
         if len(queries) * k > limits.max_results:
             raise LimitExceeded(f"{len(queries)} queries x k={k} = {len(queries) * k:,} results in one request; the most is "
                                 f"{limits.max_results:,} (--max-results): send fewer queries or a smaller k")
+        if explain and len(queries) * k > limits.max_explained:
+            raise LimitExceeded(f"explain=true for {len(queries)} queries x k={k} = {len(queries) * k:,} results; the most "
+                                f"explained in one request is {limits.max_explained:,}: send fewer queries or a smaller k")
 
         def work() -> Response:  # search, hits to dicts, JSON: all off the event loop
-            gen, results = service.search(queries, k, mode, where)
+            gen, results = service.search(queries, k, mode, where, explain) if explain else service.search(queries, k, mode, where)
             if single:
                 return rendered({"query": queries[0], "generation": gen, "hits": [h.to_dict() for h in results[0]]})
             return rendered({"generation": gen, "results": [{"query": q, "hits": [h.to_dict() for h in hits]}
@@ -619,15 +633,22 @@ def create_app(service: Service, limits: Limits | None = None, read_only: bool =
         if (req.query is None) == (req.queries is None):
             raise InputError("give exactly one of `query` (a string) or `queries` (a list of strings)")
         queries = [req.query] if req.query is not None else req.queries
-        return await run_search(queries, req.k, req.mode, req.where, req.query is not None)
+        return await run_search(queries, req.k, req.mode, req.where, req.query is not None, req.explain)
 
     @app.get("/search")
     async def search_get(request: Request, q: StrictStr, k: int = Query(10, ge=1, le=limits.max_k), mode: str | None = None,
-                         where: list[str] = Query([], description="repeatable, all must hold: key=value, key!=value, key>=n, key>n, key<=n, key<n, path:GLOB")):
-        unknown = sorted(set(request.query_params) - {"q", "k", "mode", "where"})
+                         where: list[str] = Query([], description="repeatable, all must hold: key=value, key!=value, key>=n, key>n, key<=n, key<n, path:GLOB"),
+                         explain: bool = False):
+        unknown = sorted(set(request.query_params) - {"q", "k", "mode", "where", "explain"})
         if unknown:
-            raise InputError(f"unknown query parameter(s): {', '.join(unknown)}; known: q, k, mode, where")
-        return await run_search([q], k, mode, where or None, True)
+            raise InputError(f"unknown query parameter(s): {', '.join(unknown)}; known: q, k, mode, where, explain")
+        return await run_search([q], k, mode, where or None, True, explain)
+
+    page_body, page_headers = search_page()
+
+    @app.get("/", include_in_schema=False)
+    async def page():
+        return Response(page_body, media_type="text/html; charset=utf-8", headers=page_headers)
 
     @app.post("/v1/embeddings")
     async def openai_embeddings(req: OpenAIEmbeddingRequest):
@@ -845,6 +866,25 @@ class _BodyLimit:
         await send({"type": "http.response.start", "status": 413,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
         await send({"type": "http.response.body", "body": body})
+
+
+def search_page() -> tuple[bytes, dict[str, str]]:
+    """The search page (semsearch/static/search.html) and its headers. Its Content-Security-Policy
+    lets run only the page's own inline script and style (by their SHA-256), and lets it fetch
+    only from this server: text from the index is put into the page as text, and even markup that
+    slipped in could not run a script of its own or send anything elsewhere."""
+    from importlib import resources
+
+    html = resources.files("semsearch").joinpath("static/search.html").read_text(encoding="utf-8")
+
+    def digest(tag: str) -> str:
+        m = re.search(rf"<{tag}>(.*?)</{tag}>", html, re.S)
+        return "'sha256-" + base64.b64encode(hashlib.sha256(m.group(1).encode("utf-8")).digest()).decode() + "'"
+
+    csp = (f"default-src 'none'; script-src {digest('script')}; style-src {digest('style')}; connect-src 'self'; "
+           "img-src data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+    return html.encode("utf-8"), {"content-security-policy": csp, "x-content-type-options": "nosniff",
+                                  "referrer-policy": "no-referrer", "x-frame-options": "DENY", "cache-control": "no-cache"}
 
 
 def check_exposure(host: str, api_key: str | None, insecure: bool = False) -> None:
