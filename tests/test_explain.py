@@ -1,0 +1,238 @@
+"""Retriever.search(..., explain=True): the parts of each score add up to it, exactly, with the real
+model over the bundled sample corpus, for every mode and for mean, max, cls and head pooling."""
+from __future__ import annotations
+
+import math
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from semsearch import fusion as fusion_
+from semsearch.encoder import Encoder
+from semsearch.encoder.pooling import AttentionHead
+from semsearch.explain import format_explanation
+from semsearch.indexing import index_corpus
+from semsearch.search import Retriever
+
+from conftest import SAMPLE, FakeEncoder
+
+QUERIES = ["how long does a personal loan decision take", "what does the underwriter check", "lentil soup with cumin"]
+
+
+def corpus_of(root):
+    """A few folders of the sample corpus (banking articles, the FAQ table, recipes)."""
+    for sub in ("banking", "faq", "cooking"):
+        shutil.copytree(SAMPLE / sub, root / sub)
+    return root
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return corpus_of(tmp_path_factory.mktemp("explain") / "corpus")
+
+
+@pytest.fixture(scope="module")
+def mean_index(tmp_path_factory, corpus, real_encoder):
+    folder = tmp_path_factory.mktemp("mean") / "idx"
+    index_corpus(corpus, folder, real_encoder, progress=False)
+    return folder
+
+
+def check_dense(hit, tol=1e-4):
+    d = hit.explanation["dense"]
+    assert d["exact"] is True and d["states"] in ("encoded", "kept")
+    total = math.fsum(t["contribution"] for t in d["tokens"])
+    assert total == pytest.approx(d["score"], abs=1e-9)  # the terms sum to the cosine they explain
+    assert math.fsum(w["contribution"] for w in d["spans"]) + math.fsum(
+        t["contribution"] for t in d["tokens"] if t["start"] is None) == pytest.approx(d["score"], abs=1e-9)
+    assert d["score"] == pytest.approx(hit.dense_score, abs=tol)  # ... which is the cosine the ranking used
+    assert d["matches_stored"] is True and d["difference"] <= tol
+    for t in d["tokens"]:  # every content token is a span of the hit's text
+        if t["start"] is not None and hit.text[t["start"]:t["end"]].isascii():
+            assert hit.text[t["start"]:t["end"]].lower() == t["token"].removeprefix("##")
+    for w in d["spans"]:
+        assert hit.text[w["start"]:w["end"]] == w["text"]
+    return d
+
+
+def check_lexical(hit):
+    lex = hit.explanation["lexical"]
+    assert math.fsum(t["contribution"] for t in lex["terms"]) == pytest.approx(hit.lexical_score, rel=1e-5, abs=1e-6)
+    for t in lex["terms"]:
+        assert (t["tf"] > 0) == (t["contribution"] > 0)
+        assert len(t["spans"]) == t["tf"]  # each occurrence is marked in the text
+        if t["tf"]:
+            assert t["contribution"] <= t["idf"] * (lex["k1"] + 1) + 1e-6  # BM25's bound for one term
+    return lex
+
+
+def test_dense_mean_pooling_terms_sum_to_the_cosine(mean_index, real_encoder):
+    r = Retriever.load(mean_index, encoder=real_encoder)
+    for q in QUERIES:
+        plain = r.search(q, k=5, mode="dense")
+        hits = r.search(q, k=5, mode="dense", explain=True)
+        assert [(h.id, h.score) for h in hits] == [(h.id, h.score) for h in plain]  # explaining changes no ranking
+        assert all(h.explanation is None for h in plain) and plain[0].to_dict()["explanation"] is None
+        for h in hits:
+            d = check_dense(h)
+            assert d["pooling"] == "mean" and "lexical" not in h.explanation and "fusion" not in h.explanation
+            n = len(d["tokens"])
+            assert d["tokens"][0]["token"] == "[CLS]" and d["tokens"][-1]["token"] == "[SEP]" and n > 2
+        assert hits[0].to_dict()["explanation"]["dense"]["tokens"] == hits[0].explanation["dense"]["tokens"]
+    top = r.search("personal loan decision", k=1, mode="dense", explain=True)[0]
+    best = max(top.explanation["dense"]["spans"], key=lambda w: w["contribution"])
+    assert best["text"].lower() in {"personal", "loan", "loans", "decision", "decisions"}
+
+
+def test_lexical_terms_sum_to_bm25(mean_index, real_encoder):
+    r = Retriever.load(mean_index, encoder=real_encoder)
+    hits = r.search("personal loan decision underwriter", k=6, mode="lexical", explain=True)
+    assert hits
+    for h in hits:
+        assert h.lexical_score == h.score and "dense" not in h.explanation
+        lex = check_lexical(h)
+        assert {t["term"] for t in lex["terms"]} >= {"personal", "loan", "decision", "underwriter"}
+    # a word no chunk holds is named as absent and adds nothing
+    h = r.search("loan zyzzyvaquux", k=1, mode="lexical", explain=True)[0]
+    assert h.explanation["lexical"]["absent"] == ["zyzzyvaquux"]
+    check_lexical(h)
+
+
+@pytest.mark.parametrize("fusion", ["convex", "rrf"])
+def test_hybrid_fusion_arithmetic_gives_the_score(mean_index, real_encoder, fusion):
+    r = Retriever.load(mean_index, encoder=real_encoder)
+    for q in QUERIES:
+        hits = r.search(q, k=5, mode="hybrid", fusion=fusion, explain=True)
+        assert [h.id for h in hits] == [h.id for h in r.search(q, k=5, mode="hybrid", fusion=fusion)]
+        for h in hits:
+            check_dense(h)
+            check_lexical(h)
+            f = h.explanation["fusion"]
+            assert f["method"] == fusion and f["fused"] == pytest.approx(h.score, abs=1e-12)
+            if fusion == "convex":
+                for side, value in (("dense", h.dense_score), ("lexical", h.lexical_score)):
+                    s = f[side]
+                    assert s["value"] == pytest.approx(value, abs=1e-6) and s["min"] <= s["value"] <= s["max"]
+                    norm = (s["value"] - s["min"]) / (s["max"] - s["min"]) if s["max"] > s["min"] else float(s["max"] > 0)
+                    assert s["normalized"] == pytest.approx(norm, abs=1e-12)
+                assert f["alpha"] == fusion_.ALPHA
+                assert f["alpha"] * f["dense"]["normalized"] + (1 - f["alpha"]) * f["lexical"]["normalized"] == pytest.approx(h.score, abs=1e-12)
+            else:
+                assert 1 / (fusion_.RRF_K + f["dense"]["rank"]) + 1 / (fusion_.RRF_K + f["lexical"]["rank"]) == pytest.approx(h.score, abs=1e-15)
+    # alpha and a metadata filter travel into the explanation
+    hits = r.search("loan decision", k=3, mode="hybrid", alpha=0.8, where={"category": "lending"}, explain=True)
+    assert hits and all(h.metadata["category"] == "lending" and h.explanation["fusion"]["alpha"] == 0.8 for h in hits)
+    for h in hits:
+        f = h.explanation["fusion"]
+        assert 0.8 * f["dense"]["normalized"] + 0.2 * f["lexical"]["normalized"] == pytest.approx(h.score, abs=1e-12)
+
+
+def test_search_batch_explains_every_query(mean_index, real_encoder):
+    r = Retriever.load(mean_index, encoder=real_encoder)
+    results = r.search_batch(QUERIES, k=3, explain=True)
+    for q, hits in zip(QUERIES, results):
+        assert hits and all(h.explanation["query"] == q for h in hits)
+        for h in hits:
+            check_dense(h)
+            check_lexical(h)
+
+
+@pytest.mark.parametrize("pooling", ["max", "cls"])
+def test_max_and_cls_pooling(tmp_path, pooling):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    shutil.copytree(SAMPLE / "faq", corpus / "faq")
+    enc = Encoder(pooling=pooling, precision="fp32", device="cpu")
+    index_corpus(corpus, tmp_path / "idx", enc, progress=False)
+    r = Retriever.load(tmp_path / "idx", encoder=enc)
+    for mode in ("dense", "hybrid"):
+        hits = r.search("how long does a personal loan decision take", k=4, mode=mode, explain=True)
+        assert hits
+        for h in hits:
+            d = check_dense(h)
+            assert d["pooling"] == pooling
+            c = np.array([t["contribution"] for t in d["tokens"]])
+            if pooling == "cls":  # the whole score is the [CLS] token's
+                assert d["tokens"][0]["token"] == "[CLS]" and c[0] == pytest.approx(d["score"], abs=1e-12)
+                assert not c[1:].any() and "CLS" in d["method"]
+            else:  # max: several tokens win dimensions; the terms are theirs, exact
+                assert (c != 0).sum() > 3 and "won" in d["method"]
+            text = format_explanation(h, color=False)
+            assert f"{pooling} pooling, exact" in text
+            if pooling == "cls":
+                assert "the whole score is the [CLS] token's" in text
+
+
+def test_attention_head_terms_are_exact(tmp_path):
+    torch.manual_seed(0)
+    head = AttentionHead(384, out_dim=256)
+    with torch.no_grad():  # a head that weighs tokens unevenly and projects: nothing like a plain mean
+        head.score.weight.normal_(0, 0.2)
+        head.proj.weight.normal_(0, 0.05)
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    shutil.copytree(SAMPLE / "faq", corpus / "faq")
+    enc = Encoder(pooling="head", head=head, precision="fp32", device="cpu")
+    index_corpus(corpus, tmp_path / "idx", enc, progress=False)
+    r = Retriever.load(tmp_path / "idx", encoder=enc)
+    hits = r.search("lost or stolen card", k=3, mode="dense", explain=True)
+    assert hits
+    for h in hits:
+        d = check_dense(h)
+        assert d["pooling"] == "head" and "attention weights" in d["method"]
+
+
+def test_kept_token_states_need_no_encoding(tmp_path, real_encoder):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    shutil.copytree(SAMPLE / "faq", corpus / "faq")
+    index_corpus(corpus, tmp_path / "idx", real_encoder, progress=False, keep_states=True)
+    r = Retriever.load(tmp_path / "idx", encoder=real_encoder)
+    for h in r.search("can I repay my loan early", k=4, mode="hybrid", explain=True):
+        d = h.explanation["dense"]
+        assert d["states"] == "kept" and "fp16" in d["note"]
+        assert math.fsum(t["contribution"] for t in d["tokens"]) == pytest.approx(d["score"], abs=1e-9)
+        # fp16 states pool to a vector a little off the stored one: both cosines are given
+        assert d["stored_score"] == pytest.approx(h.dense_score, abs=1e-6)
+        assert abs(d["score"] - d["stored_score"]) == pytest.approx(d["difference"]) and d["difference"] < 5e-3
+        assert d["matches_stored"] is True
+
+
+def test_torch_free_query_encoder_explains_too(mean_index):
+    r = Retriever.load(mean_index, fast_start=True)
+    assert type(r.encoder).__name__ == "NumpyEncoder"
+    for h in r.search("what does the underwriter check", k=3, mode="hybrid", explain=True):
+        check_dense(h, tol=1e-4)
+        check_lexical(h)
+
+
+def test_an_encoder_without_token_states_says_so(small_corpus, tmp_path):
+    index_corpus(small_corpus, tmp_path / "idx", FakeEncoder(), progress=False)
+    r = Retriever.load(tmp_path / "idx", encoder=FakeEncoder())
+    hits = r.search("loan credit bank", k=2, mode="hybrid", explain=True)
+    d = hits[0].explanation["dense"]
+    assert d["exact"] is False and d["tokens"] == [] and "token states" in d["note"]
+    check_lexical(hits[0])
+    assert hits[0].explanation["fusion"]["fused"] == pytest.approx(hits[0].score)
+    assert "bm25" in format_explanation(hits[0], color=False)
+
+
+def test_format_explanation(mean_index, real_encoder):
+    r = Retriever.load(mean_index, encoder=real_encoder)
+    h = r.search("how long does a personal loan decision take", k=1, mode="hybrid", explain=True)[0]
+    plain = format_explanation(h, color=False)
+    assert "\x1b[" not in plain and "[[" in plain and "]]" in plain and "{{" in plain
+    top = max(h.explanation["dense"]["spans"], key=lambda w: w["contribution"])
+    assert f"[[{top['text']}" in plain or f"[[{{{{{top['text']}" in plain
+    assert "mean pooling, exact sum of" in plain and "bm25 " in plain and "fusion convex (alpha 0.5)" in plain
+    coloured = format_explanation(h, color=True)
+    assert "\x1b[1;33m" in coloured and "\x1b[0m" in coloured and "[[" not in coloured
+    assert format_explanation(h.to_dict(), color=False) == plain  # the JSON form renders the same
+    rrf = r.search("loan decision", k=1, mode="hybrid", fusion="rrf", explain=True)[0]
+    assert "fusion rrf: 1/(60+" in format_explanation(rrf, color=False)
+    lexical = r.search("loan decision", k=1, mode="lexical", explain=True)[0]
+    out = format_explanation(lexical, color=False)
+    assert "dense" not in out and "{{" in out and "bm25" in out
+    assert format_explanation(r.search("loan", k=1)[0], color=False) == ""
