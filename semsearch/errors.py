@@ -26,6 +26,10 @@ class SettingsMismatch(SemsearchError):
     """A request whose model, pooling or head differs from the index's own."""
 
 
+class HeadCorpusMismatch(SettingsMismatch):
+    """A trained head given for an index of another corpus than the one it was trained on."""
+
+
 class IndexLocked(SemsearchError):
     """Another process is writing the same index."""
 

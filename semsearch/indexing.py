@@ -254,11 +254,14 @@ def index_corpus(
     engine=None,
     include=(),
     exclude=(),
+    force: bool = False,
 ) -> IndexReport:
     """Index (or incrementally update) `folder` from the files under `corpus`. `checksum` hashes
     every file instead of trusting unchanged size, times and inode; `found` is scan_corpus()'s; `engine` (from semsearch.engines.make_engine) reads, chunks
     and encodes elsewhere, None streams in this process. `include` / `exclude`: gitignore-style
-    globs relative to the corpus root choosing the files (when `found` is not given)."""
+    globs relative to the corpus root choosing the files (when `found` is not given). A head new
+    to the index (the encoder's head_info) that records another corpus than the index's documents
+    is refused (HeadCorpusMismatch) unless `force`: see encoder.heads.check_head_corpus."""
     from semsearch.store.resume import ResumeCache, encoder_key
 
     t0 = time.perf_counter()
@@ -277,6 +280,9 @@ def index_corpus(
     cache = None
     try:
         cache = None if keep_states else ResumeCache(folder, encoder_key(encoder))
+        new_head = _new_head(base, encoder)
+        if new_head is not None and base is not None:  # before any re-pooling or encoding
+            _check_head_corpus(new_head, writer, force)
         if needs_repool:
             t = time.perf_counter()
             report.repooled = repool(writer, encoder)
@@ -289,6 +295,8 @@ def index_corpus(
 
             report.engine = update_with_engine(writer, found.files, corpus.resolve(), encoder, chunking, read, report, keep_states, engine)
         report.resumed = cache.reused if cache else 0
+        if new_head is not None and base is None:  # a new index: its documents are known now
+            _check_head_corpus(new_head, writer, force)
         index_entry = finalize_vectors(writer, encoder.out_dim, vectors or VectorSettings(), base)
         counts = writer.docs.counts()
         manifest = Manifest(
@@ -315,6 +323,21 @@ def index_corpus(
     if cache is not None:
         cache.drop()
     return report
+
+
+def _new_head(base: Manifest | None, encoder) -> str | None:
+    """The folder of the encoder's head where the index does not record that head yet."""
+    info = getattr(encoder, "head_info", None)
+    if not info or (base is not None and base.head and base.head.get("fingerprint") == info.get("fingerprint")):
+        return None
+    return info.get("path")
+
+
+def _check_head_corpus(head: str, writer: IndexWriter, force: bool) -> None:
+    from semsearch.encoder.heads import check_head_corpus, index_row_key
+
+    rows = writer.docs.db.execute("SELECT metadata, text FROM chunks WHERE ord = 0")
+    check_head_corpus(head, (index_row_key(meta, text) for meta, text in rows), force)
 
 
 def _update(writer, files, root, encoder, chunking, read, report, progress, flush_chunks, keep_states,

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 import torch
 from click.testing import CliRunner
 
@@ -68,6 +69,8 @@ def test_train_record_and_query_with_trained_query_layers(tmp_path):
     cfg = json.loads((head / "head.json").read_text())
     assert cfg["kind"] == "query-layers" and cfg["layers"] == 1 and cfg["first_layer"] == 5 and cfg["doc_pooling"] == "mean"
     assert cfg["metrics"]["pseudo_queries"] == 32 and cfg["metrics"]["dev_split"] == "documents"
+    # the corpus it was trained on: the index's 32 documents
+    assert cfg["corpus"]["documents"] == 32 and len(cfg["corpus"]["sketch"]) == 32
     # the head folder lists the labelled positives it trained on, never the dev documents
     trained = set((head / "train_positives.txt").read_text().split())
     assert trained and len(trained) < 32
@@ -129,3 +132,89 @@ def test_query_layers_train_on_an_index_alone(tmp_path):
     assert "training on" in r.output and "(unlabelled): 0 queries, 0 pairs, 32 passages" in r.output
     assert "vectors of 32 of 32 passages from" in r.output and "+ 32 pseudo-queries from the corpus (first sentences)" in r.output
     assert json.loads((tmp_path / "h" / "head.json").read_text())["kind"] == "query-layers"
+
+
+# ---- a head records the corpus it was trained on ----------------------------------------------
+def _head_for(real_encoder, folder, corpus):
+    tower = QueryTower.from_base(real_encoder.model, 1)
+    save_tower(tower, folder, {"base_model_fingerprint": real_encoder.fingerprint, "doc_pooling": "mean",
+                               "training_data": "a test corpus", **({"corpus": corpus} if corpus else {})}, None)
+    return folder
+
+
+def _index(corpus_file, idx, head=None, force=False):
+    from semsearch.corpus import ReadOptions
+    from semsearch.indexing import encoder_for_index, index_corpus, load_base
+
+    enc = encoder_for_index(load_base(idx, False), head=head, device="cpu", precision="fp32")
+    return index_corpus(corpus_file, idx, enc, read=ReadOptions(text_column="title,text"), progress=False, force=force)
+
+
+def test_a_beir_corpus_and_its_index_have_the_same_corpus_record(tmp_path, real_encoder):
+    from semsearch.train.data import from_beir
+    from semsearch.train.query_tower import index_vectors
+
+    ds = write_beir(tmp_path / "ds")
+    _index(ds / "corpus.jsonl", tmp_path / "idx")
+    data = from_beir(ds)
+    beir = data.corpus
+    assert beir["documents"] == 32 and len(beir["sketch"]) == 32
+    index_vectors(tmp_path / "idx", data, real_encoder)
+    assert data.corpus == beir  # documents keyed by their `_id` on both sides
+
+
+def test_a_head_for_another_corpus_is_refused_unless_forced(tmp_path, real_encoder, small_corpus, caplog):
+    from semsearch.encoder.heads import corpus_record, document_key
+    from semsearch.errors import HeadCorpusMismatch, SettingsMismatch
+    from semsearch.store import Manifest
+
+    ds = write_beir(tmp_path / "ds")
+    ids = [f"d{k}-{j}" for k in range(16) for j in range(2)]
+    head = _head_for(real_encoder, tmp_path / "h", corpus_record(document_key(i, "") for i in ids))
+
+    # its own corpus: recorded, nothing re-encoded
+    own = tmp_path / "own"
+    _index(ds / "corpus.jsonl", own)
+    assert _index(ds / "corpus.jsonl", own, head).added == 0
+    assert Manifest.load(own).head["kind"] == "query-layers"
+
+    # another corpus (three text files): refused, with the reason, and the index is left as it was
+    other = tmp_path / "other"
+    _index(small_corpus, other)
+    gen = Manifest.load(other).generation
+    with pytest.raises(HeadCorpusMismatch, match=r"another corpus \(a test corpus\): about 0% of the 32 training documents") as e:
+        _index(small_corpus, other, head)
+    assert isinstance(e.value, SettingsMismatch) and "--force" in str(e.value)
+    assert Manifest.load(other).generation == gen and Manifest.load(other).head is None
+    # a new index of it too: nothing is published
+    with pytest.raises(HeadCorpusMismatch):
+        _index(small_corpus, tmp_path / "fresh", head)
+    assert not (tmp_path / "fresh" / "manifest.json").exists()
+    # forced: recorded, with the warning logged
+    with caplog.at_level("WARNING"):
+        _index(small_corpus, other, head, force=True)
+    assert Manifest.load(other).head["kind"] == "query-layers"
+    assert any("another corpus" in r.getMessage() and "forced" in r.getMessage() for r in caplog.records)
+    # once recorded, later updates do not ask again
+    (small_corpus / "extra.txt").write_text("A further note about tides and the moon.")
+    assert _index(small_corpus, other).added == 1
+
+
+def test_a_changed_index_of_the_same_corpus_passes_and_an_older_head_is_accepted(tmp_path, real_encoder, small_corpus):
+    from semsearch.encoder.heads import corpus_record, document_key
+    from semsearch.errors import HeadCorpusMismatch
+    from semsearch.store import Manifest
+
+    ds = write_beir(tmp_path / "ds", topics=10)  # 20 of the 32 documents the head records: 62%
+    ids = [f"d{k}-{j}" for k in range(16) for j in range(2)]
+    head = _head_for(real_encoder, tmp_path / "h", corpus_record(document_key(i, "") for i in ids))
+    _index(ds / "corpus.jsonl", tmp_path / "idx", head)
+    assert Manifest.load(tmp_path / "idx").head["kind"] == "query-layers"
+    small = write_beir(tmp_path / "ds4", topics=4)  # 8 of 32: 25%
+    with pytest.raises(HeadCorpusMismatch, match="about 25% of the 32"):
+        _index(small / "corpus.jsonl", tmp_path / "idx4", head)
+    # a head without the record (written before it existed) is accepted anywhere, silently
+    old = _head_for(real_encoder, tmp_path / "old", None)
+    assert "corpus" not in json.loads((old / "head.json").read_text())
+    _index(small_corpus, tmp_path / "any", old)
+    assert Manifest.load(tmp_path / "any").head["kind"] == "query-layers"

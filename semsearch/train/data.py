@@ -22,6 +22,7 @@ class PairData:
     dev_queries: list[int] | None = None  # queries held out as given by the data (e.g. a BEIR dev split)
     unlabelled: set[int] = field(default_factory=set)  # pseudo-queries made from the corpus: trained on, never dev
     titles: list[str] | None = None  # each passage's title, where the data has titles (BEIR)
+    corpus: dict | None = None  # the corpus trained on, as head.json records it (encoder.heads.corpus_record)
 
     @property
     def n_pairs(self) -> int:
@@ -71,9 +72,11 @@ def from_beir(folder: str | Path, split: str = "train", dev_split: str | None = 
             dev.append(q_of[q])
         checksum = texts_checksum([d.checksum, dv.checksum])
     positives = {qi: {pos_of[doc] for doc, rel in qrels[q].items() if rel > 0} for qi, q in enumerate(qids)}
+    from semsearch.encoder.heads import corpus_record, document_key
+
     return PairData(qtexts, d.doc_texts, positives, passage_ids=d.doc_ids, query_ids=qids, checksum=checksum,
                     source=f"{folder} ({split}{', dev ' + dev_split if dev_split else ''})", dev_queries=dev,
-                    titles=d.doc_titles)
+                    titles=d.doc_titles, corpus=corpus_record(document_key(i, "") for i in d.doc_ids))
 
 
 def from_pairs_file(path: str | Path) -> PairData:

@@ -121,9 +121,14 @@ def add_pseudo_queries(data, passages: StateCache, chunks: IndexChunks, id_field
                                 np.stack([cs.part[new_rows] + len(passages.parts), cs.start[new_rows], cs.length[new_rows]], 1)])
         passages = StateCache.from_spans(passages.parts + cs.parts, spans)
     ids = (list(data.passage_ids) + [None] * len(new_texts)) if data.passage_ids is not None else None
+    from semsearch.encoder.heads import corpus_record, document_key
+
+    # the corpus trained on is now the index's (every document, not only those picked)
+    corpus = corpus_record(document_key(chunks.metadata[i].get("_id"), chunks.texts[i]) for i in range(len(chunks.texts))
+                           if chunks.ords[i] == 0)
     out = PairData(queries, data.passages + new_texts, positives, data.negatives, passage_ids=ids, query_ids=None,
                    checksum=data.checksum, source=data.source + f" + {len(unlabelled) - len(data.unlabelled)} pseudo-queries from the index",
-                   dev_queries=data.dev_queries, unlabelled=unlabelled)
+                   dev_queries=data.dev_queries, unlabelled=unlabelled, corpus=corpus)
     return out, passages
 
 

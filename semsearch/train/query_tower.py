@@ -168,8 +168,11 @@ def index_passages(folder: Path) -> PairData:
 
 def index_vectors(folder: Path, data: PairData, encoder, id_field: str = "_id") -> tuple[np.ndarray, int]:
     """The passages' vectors read from an index (a BEIR document by its `_id` in the first chunk's
-    metadata, other passages by exact chunk text), encoding the few it lacks; (vectors, found)."""
+    metadata, other passages by exact chunk text), encoding the few it lacks; (vectors, found).
+    Sets data.corpus to the index's documents: the corpus a head trained with them is for."""
     import json
+
+    from semsearch.encoder.heads import corpus_record, index_row_key
 
     from semsearch.errors import SettingsMismatch
     from semsearch.store.docstore import DocStore
@@ -187,12 +190,16 @@ def index_vectors(folder: Path, data: PairData, encoder, id_field: str = "_id") 
     try:
         by_id: dict[str, int] = {}
         by_text: dict[str, int] = {}
+        keys: list[str] = []
         for cid, ord_, text, meta in docs.db.execute("SELECT id, ord, text, metadata FROM chunks ORDER BY id"):
+            if ord_ == 0:
+                keys.append(index_row_key(meta, text))
             if ord_ == 0 and meta:
                 d = json.loads(meta).get(id_field)
                 if d is not None:
                     by_id.setdefault(str(d), cid)
             by_text.setdefault(text, cid)
+        data.corpus = corpus_record(keys)
         want = []
         for i, text in enumerate(data.passages):
             cid = by_id.get(data.passage_ids[i]) if data.passage_ids is not None else None
@@ -375,6 +382,7 @@ def train_query_tower(data: PairData, encoder, pvec: np.ndarray, cfg: TowerConfi
     bar.close()
     tower.load_state_dict(best[2])
     tower.eval()
+    tower.corpus = data.corpus  # recorded in head.json by save_tower
     improved = gate != "none" and best[0] > base[gate]
     return TowerResult(tower=tower, improved=improved, split=split, gate=gate, base=base, best=best[3], best_epoch=best[1],
                        stopped_early=stopped, history=history, pseudo=pseudo,

@@ -300,6 +300,7 @@ def train_head(data: PairData, encoder, cfg: TrainConfig, cache_dir: Path | None
             break
     bar.close()
     head = best[2]
+    head.corpus = data.corpus  # recorded in head.json by save_head
     improved = gate != "none" and best[0] > base[gate]
     return TrainResult(head=head, improved=improved, split=split, gate=gate, base=base, best=best[3], best_epoch=best[1],
                        stopped_early=stopped, history=history,
