@@ -4,6 +4,8 @@ each against the sentence-transformers + faiss baseline, in the same run.
     python scripts/bench_query.py [--index DIR] [--runs 7]
 
 Without --index it builds (once) an index of the SciFact corpus in results/bench_scifact_index.
+An index with trained query layers (`semsearch index CORPUS --index DIR --head HEAD`) is timed the
+same way: its queries go through the trained layers (report: "query_layers": true).
 """
 from __future__ import annotations
 
@@ -69,7 +71,7 @@ def main() -> None:
         ours += wall(semsearch_cmd, 1)
         base += wall(baseline_cmd, 1)
 
-    from semsearch.search import Retriever
+    from semsearch.search import Retriever, encode_queries
 
     enc = None
     if args.precision:
@@ -90,7 +92,7 @@ def main() -> None:
         hyb.append(time.perf_counter() - t)
     for x in queries:  # where the time goes: encoding, then FAISS + docstore
         t = time.perf_counter()
-        v = r.encoder.encode([x], progress=False)
+        v = encode_queries(r.encoder, [x])
         t1 = time.perf_counter()
         r.search_vectors(v, 10)
         enc.append(t1 - t)
@@ -116,6 +118,7 @@ def main() -> None:
     report = {
         "cpu_flags": sorted(f for f in cpu_flags() if f in ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8")),
         "query_encoder_precision": r.encoder.precision,
+        "query_layers": (manifest.get("head") or {}).get("kind") == "query-layers",
         "index": str(index), "chunks": manifest["counts"]["chunks"], "index_type": manifest["index"]["type"],
         "new_process": {"semsearch_median_s": round(statistics.median(ours), 3), "baseline_median_s": round(statistics.median(base), 3),
                         "speedup": round(statistics.median(base) / statistics.median(ours), 2), "runs": args.runs,
