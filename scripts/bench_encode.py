@@ -1,11 +1,18 @@
 """Encoding throughput: semsearch's encoder against the sentence-transformers baseline, same run.
 
     python scripts/bench_encode.py [--docs 600] [--queries 2000] [--precision auto] [--device cpu]
+    python scripts/bench_encode.py --docs 200 --queries 500 --precision fp32,bf16,int8
 
 Baseline: SentenceTransformer(<bundled model>).encode(texts, batch_size=32), fp32 on the same device.
 Workloads: SciFact documents (title + text, 256-token truncation) and SciFact queries (short).
-Prints docs/s and tokens/s for both, the ratio, achieved GFLOP/s against the matmul peak
-measured here for the precision used, and the minimum cosine between fp32 and fast vectors.
+--precision takes one precision or several (comma-separated): every path runs in the same
+interleaved slices as the baseline, so that the machine's drift hits them all alike.
+Prints docs/s and tokens/s for each, the ratio to the baseline, achieved GFLOP/s against the matmul
+peak measured here for the precision used (int8: ONNX Runtime's dynamically quantised matmul, the
+kernel the int8 model runs), the minimum cosine between fp32 and each path's vectors, and, for one
+query at a time (the short-text path: a query, a title, a one-shot `semsearch query`), where the
+time of a call goes: tokenization, the forward pass (session run for int8), the rest (batching,
+pooling, normalisation).
 """
 from __future__ import annotations
 
@@ -13,29 +20,128 @@ import argparse
 import json
 import os
 import platform
+import statistics
+import tempfile
 import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 REPO = Path(__file__).resolve().parent.parent
+FLAGS_SHOWN = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16", "amx_int8")
+M, K, N = 8192, 384, 1536  # a model-shaped linear layer: (M tokens x 384) -> 1536
 
 
-def matmul_peak(dtype, seconds: float = 2.0, device: str = "cpu") -> float:
-    """GFLOP/s of a model-shaped linear layer (8192 x 384 -> 1536) in dtype on this device."""
+def matmul_peak(dtype, seconds: float = 2.0, device: str = "cpu", rows: int = M, threads: int | None = None) -> float:
+    """GFLOP/s of a model-shaped linear layer (rows x 384 -> 1536) in dtype on this device."""
     import torch
 
-    x = torch.randn(8192, 384, dtype=dtype, device=device)
-    w = torch.randn(1536, 384, dtype=dtype, device=device)
+    before = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        x = torch.randn(rows, K, dtype=dtype, device=device)
+        w = torch.randn(N, K, dtype=dtype, device=device)
+        with torch.inference_mode():
+            for _ in range(3):
+                torch.nn.functional.linear(x, w)
+            sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+            sync()
+            n, t0 = 0, time.perf_counter()
+            while time.perf_counter() - t0 < seconds:
+                torch.nn.functional.linear(x, w)
+                n += 1
+            sync()
+            return 2 * rows * K * N * n / (time.perf_counter() - t0) / 1e9
+    finally:
+        torch.set_num_threads(before)
+
+
+def int8_matmul_peak(seconds: float = 2.0, rows: int = M, threads: int = 1) -> float:
+    """GFLOP/s of the same linear layer as ONNX Runtime runs it in the int8 model: a float MatMul
+    quantised by quantize_dynamic with the int8 recipe's options (u8 activations quantised per run,
+    s8 per-channel 7-bit weights)."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    w = np.random.default_rng(0).standard_normal((K, N)).astype(np.float32)
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "mm",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["M", K])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["M", N])],
+                              [numpy_helper.from_array(w, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with tempfile.TemporaryDirectory() as tmp:
+        f32, q8 = Path(tmp) / "mm.onnx", Path(tmp) / "mm8.onnx"
+        onnx.save(model, str(f32))
+        quantize_dynamic(str(f32), str(q8), weight_type=QuantType.QInt8, per_channel=True, reduce_range=True,
+                         extra_options={"MatMulConstBOnly": True})
+        so = ort.SessionOptions()
+        so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
+        sess = ort.InferenceSession(str(q8), so, providers=["CPUExecutionProvider"])
+    x = {"x": np.random.default_rng(1).standard_normal((rows, K)).astype(np.float32)}
     for _ in range(3):
-        torch.nn.functional.linear(x, w)
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    sync()
+        sess.run(None, x)
     n, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds:
-        torch.nn.functional.linear(x, w)
+        sess.run(None, x)
         n += 1
-    sync()
-    return 2 * 8192 * 384 * 1536 * n / (time.perf_counter() - t0) / 1e9
+    return 2 * rows * K * N * n / (time.perf_counter() - t0) / 1e9
+
+
+def peaks(precision: str, device: str, query_rows: int) -> dict[str, float]:
+    """Matmul peaks for a precision: all cores and one thread at 8192 rows (a batch of documents),
+    and one thread at a query's rows (what a lone query's matmuls can reach at best)."""
+    import torch
+
+    if device == "cuda":
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
+        return {"all_cores": matmul_peak(dtype, device=device)}
+    if precision == "int8":
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        return {"all_cores": int8_matmul_peak(threads=cores), "one_thread": int8_matmul_peak(threads=1),
+                "one_thread_query_rows": int8_matmul_peak(rows=query_rows, threads=1)}
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
+    return {"all_cores": matmul_peak(dtype), "one_thread": matmul_peak(dtype, threads=1),
+            "one_thread_query_rows": matmul_peak(dtype, rows=query_rows, threads=1)}
+
+
+def short_text_breakdown(enc, texts: list[str], flops_of) -> dict:
+    """One text a call, as a query arrives: median ms of the whole encode([text]) call, and of its
+    parts timed separately on the same texts (tokenization, forward / session run)."""
+    import numpy as np
+    import torch
+
+    from semsearch.encoder.encoder import _few_threads
+
+    total, tok, fwd, gf = [], [], [], []
+    for x in texts:
+        t = time.perf_counter()
+        enc.encode([x])
+        total.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        ids = enc.tokenize([x])[0]
+        tok.append(time.perf_counter() - t)
+        arr = np.asarray(ids, np.int64)[None]
+        if enc.onnx is not None:
+            sess = enc.onnx._session(1)  # a lone query runs on the one-thread session (onnx_backend.SMALL_TOKENS)
+            t = time.perf_counter()
+            sess.run(None, {"input_ids": arr, "attention_mask": np.ones_like(arr)})
+            fwd.append(time.perf_counter() - t)
+        else:
+            with torch.inference_mode(), _few_threads(enc, [x]):
+                b = torch.from_numpy(arr)
+                t = time.perf_counter()
+                enc.model(b, torch.ones_like(b))
+                fwd.append(time.perf_counter() - t)
+        gf.append(flops_of(len(ids)))
+    med = lambda v: statistics.median(v) * 1000  # noqa: E731
+    flops = statistics.median(gf)
+    return {"calls": len(texts), "call_ms": round(med(total), 3), "tokenize_ms": round(med(tok), 3),
+            "forward_ms": round(med(fwd), 3), "rest_ms": round(med(total) - med(tok) - med(fwd), 3),
+            "call_gflops": round(flops / statistics.median(total) / 1e9, 1),
+            "forward_gflops": round(flops / statistics.median(fwd) / 1e9, 1)}
 
 
 def main() -> None:
@@ -43,8 +149,9 @@ def main() -> None:
     ap.add_argument("--data", default=str(REPO.parent / "shared" / "data" / "beir" / "scifact"))
     ap.add_argument("--docs", type=int, default=800)
     ap.add_argument("--queries", type=int, default=2000)
-    ap.add_argument("--precision", default="auto")
+    ap.add_argument("--precision", default="auto", help="one precision, or several comma-separated (e.g. fp32,bf16,int8)")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--single", type=int, default=200, help="queries timed one call at a time (short-text path); 0: skip")
     ap.add_argument("--out", default=str(REPO / "results" / "bench_encode.json"))
     args = ap.parse_args()
 
@@ -68,58 +175,98 @@ def main() -> None:
     docs = [docs[i] for i in rng.choice(len(docs), min(args.docs, len(docs)), replace=False)]
     queries = queries[: args.queries]
 
+    load_start = open("/proc/loadavg").read().split()[:3] if Path("/proc/loadavg").exists() else []
     st = SentenceTransformer(str(default_model_path()), device=args.device)
     st.max_seq_length = 256
-    fp32 = Encoder(precision="fp32", device=args.device)
-    fast = Encoder(precision=args.precision, device=args.device)
-    cfg = fast.model.cfg
+    wanted = [p.strip() for p in args.precision.split(",") if p.strip()]
+    encs: dict[str, Encoder] = {}
+    for p in wanted:
+        e = Encoder(precision=p, device=args.device)
+        encs[p if p != "auto" else f"auto={e.precision}"] = e
+    fp32 = next((e for e in encs.values() if e.precision == "fp32"), None) or Encoder(precision="fp32", device=args.device)
+    cfg = fp32.model.cfg
+    flops_of = lambda n: n * flops_per_token(cfg, n)  # noqa: E731
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     report = {"machine": f"{platform.processor() or platform.machine()}, {cores} cores, torch threads {torch.get_num_threads()}",
               "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
-              "precision": fast.precision, "workloads": {}}
+              "cpu_flags": sorted(f for f in cpu_flags() if f in FLAGS_SHOWN),
+              "caps": {k: os.environ[k] for k in ("SEMSEARCH_CPU_ISA", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS",
+                                                  "ATEN_CPU_CAPABILITY") if k in os.environ},
+              "precisions": {k: e.precision for k, e in encs.items()}, "loadavg_start": load_start, "workloads": {}}
+    if len(encs) == 1:
+        report["precision"] = next(iter(encs.values())).precision
     for name, texts in (("scifact_docs", docs), ("queries", queries)):
-        lens = [len(x) for x in fast.tokenize(texts)]
+        lens = [len(x) for x in fp32.tokenize(texts)]
         tokens = sum(lens)
-        flops = sum(n * flops_per_token(cfg, n) for n in lens)
+        flops = sum(flops_of(n) for n in lens)
         warm = texts[:: max(1, len(texts) // 64)]  # a spread of lengths: every batch shape once
         st.encode(warm, batch_size=32)
-        fast.encode(warm)
+        for e in encs.values():
+            e.encode(warm)
         fp32.encode(warm)
-        # The machine is shared and its speed drifts: run the three in interleaved slices so that
-        # drift hits all alike, and sum each one's time.
-        t_base = t_fast = t_fp32 = 0.0
-        ref, v, v32 = [], [], []
+        # The machine is shared and its speed drifts: run all paths in interleaved slices so that
+        # drift hits all alike (each slice in a rotated order), and sum each one's time.
+        runners = {"baseline": lambda part: st.encode(part, batch_size=32, convert_to_numpy=True, normalize_embeddings=True)}
+        runners.update({k: e.encode for k, e in encs.items()})
+        if all(e is not fp32 for e in encs.values()):
+            runners["fp32_reference"] = fp32.encode
+        names = list(runners)
+        spent = dict.fromkeys(names, 0.0)
+        got: dict[str, list] = {k: [] for k in names}
         n_slices = 4
         for s in range(n_slices):
             part = texts[s::n_slices]
-            t = time.perf_counter()
-            ref.append(st.encode(part, batch_size=32, convert_to_numpy=True, normalize_embeddings=True))
-            t_base += time.perf_counter() - t
-            t = time.perf_counter()
-            v.append(fast.encode(part))
-            t_fast += time.perf_counter() - t
-            t = time.perf_counter()
-            v32.append(fp32.encode(part))
-            t_fp32 += time.perf_counter() - t
-        ref, v, v32 = np.concatenate(ref), np.concatenate(v), np.concatenate(v32)
-        report["workloads"][name] = {
-            "texts": len(texts), "tokens": tokens, "mean_tokens": round(tokens / len(texts), 1),
-            "baseline_docs_per_s": round(len(texts) / t_base, 1), "baseline_tokens_per_s": round(tokens / t_base),
-            "semsearch_fp32_docs_per_s": round(len(texts) / t_fp32, 1),
-            "semsearch_docs_per_s": round(len(texts) / t_fast, 1), "semsearch_tokens_per_s": round(tokens / t_fast),
-            "ratio_vs_baseline": round(t_base / t_fast, 2), "fp32_ratio_vs_baseline": round(t_base / t_fp32, 2),
-            "achieved_gflops": round(flops / t_fast / 1e9, 1),
-            "min_cosine_fast_vs_fp32": round(float((v * v32).sum(1).min()), 6),
-            "max_abs_fp32_vs_baseline": float(np.abs(v32 - ref).max()),
-        }
-    # int8 has no torch matmul to time: its figures are against the fp32 peak.
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(fast.precision, torch.float32)
-    peak = matmul_peak(dtype, device=args.device)
-    report["matmul_peak_gflops"] = round(peak, 1)
-    report["matmul_peak_dtype"] = str(dtype).removeprefix("torch.")
-    report["cpu_flags"] = sorted(f for f in cpu_flags() if f in ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16", "amx_int8"))
+            for k in names[s % len(names):] + names[: s % len(names)]:
+                t = time.perf_counter()
+                got[k].append(runners[k](part))
+                spent[k] += time.perf_counter() - t
+        # slices were taken as texts[s::4]: put the vectors back in text order
+        order = np.concatenate([np.arange(len(texts))[s::n_slices] for s in range(n_slices)])
+        vecs = {}
+        for k in names:
+            v = np.concatenate(got[k])
+            vecs[k] = np.empty_like(v)
+            vecs[k][order] = v
+        ref = vecs["fp32_reference"] if "fp32_reference" in vecs else vecs[next(k for k, e in encs.items() if e is fp32)]
+        w = {"texts": len(texts), "tokens": tokens, "mean_tokens": round(tokens / len(texts), 1),
+             "baseline_docs_per_s": round(len(texts) / spent["baseline"], 1), "baseline_tokens_per_s": round(tokens / spent["baseline"]),
+             "max_abs_fp32_vs_baseline": float(np.abs(ref - vecs["baseline"]).max()), "paths": {}}
+        for k, e in encs.items():
+            w["paths"][k] = {"docs_per_s": round(len(texts) / spent[k], 1), "tokens_per_s": round(tokens / spent[k]),
+                             "ratio_vs_baseline": round(spent["baseline"] / spent[k], 2),
+                             "achieved_gflops": round(flops / spent[k] / 1e9, 1),
+                             "min_cosine_vs_fp32": round(float((vecs[k] * ref).sum(1).min()), 6)}
+        report["workloads"][name] = w
+
+    if args.single and args.device == "cpu":
+        few = queries[: args.single]
+        for e in encs.values():  # warm each path at these lengths
+            for x in few[:10]:
+                e.encode([x])
+        report["short_text"] = {}
+        # interleaved by rounds of 25 calls, so that drift hits all paths alike
+        parts: dict[str, list[dict]] = {k: [] for k in encs}
+        for s in range(0, len(few), 25):
+            for k, e in encs.items():
+                parts[k].append(short_text_breakdown(e, few[s : s + 25], flops_of))
+        for k, rows in parts.items():
+            report["short_text"][k] = {f: (sum(r[f] for r in rows) if f == "calls" else round(statistics.median(r[f] for r in rows), 3))
+                                       for f in rows[0]}
+
+    q_rows = round(statistics.median(len(x) for x in fp32.tokenize(queries[: max(1, args.single)])))
+    report["matmul_peak_gflops"] = {}
+    for p in sorted({e.precision for e in encs.values()}):
+        report["matmul_peak_gflops"][p] = {k: round(v, 1) for k, v in peaks(p, args.device, q_rows).items()}
+    report["query_rows_for_peak"] = q_rows
     for w in report["workloads"].values():
-        w["fraction_of_peak"] = round(w["achieved_gflops"] / peak, 3)
+        for k, e in encs.items():
+            pk = report["matmul_peak_gflops"][e.precision]["all_cores"]
+            w["paths"][k]["fraction_of_peak"] = round(w["paths"][k]["achieved_gflops"] / pk, 3)
+    for k, s in report.get("short_text", {}).items():
+        pk = report["matmul_peak_gflops"][encs[k].precision]
+        s["call_fraction_of_one_thread_peak"] = round(s["call_gflops"] / pk["one_thread"], 3)
+        s["forward_fraction_of_one_thread_peak"] = round(s["forward_gflops"] / pk["one_thread"], 3)
+    report["loadavg_end"] = open("/proc/loadavg").read().split()[:3] if Path("/proc/loadavg").exists() else []
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2))
     print(json.dumps(report, indent=2))
