@@ -194,11 +194,11 @@ def _merge_words(text: str, spans: list[tuple[int, int] | None], terms: np.ndarr
 
 
 def explain_dense(encoder, tok: _Tokens | None, text: str, q: np.ndarray, stored_vec: np.ndarray | None,
-                  stored_score: float | None) -> dict[str, Any]:
-    """The dense part of an explanation for one hit."""
+                  stored_score: float | None, query_layers: bool = False) -> dict[str, Any]:
+    """The dense part of an explanation for one hit. stored_score: the cosine the ranking used."""
     pooling = getattr(encoder, "pooling", None)
-    out: dict[str, Any] = {"pooling": pooling, "stored_score": stored_score}
-    if getattr(encoder, "query_tower", None) is not None:
+    out: dict[str, Any] = {"pooling": pooling, "stored_score": stored_score, "ranking_score": stored_score}
+    if query_layers or getattr(encoder, "query_tower", None) is not None:
         out["query"] = "the query vector comes from the trained query layers; the chunk side below is exact as its pooling says"
     if tok is None:
         out.update(exact=False, score=stored_score, tokens=[], spans=[],
@@ -221,6 +221,7 @@ def explain_dense(encoder, tok: _Tokens | None, text: str, q: np.ndarray, stored
         vn = np.asarray(v, np.float64)
         vn = vn / max(float(np.linalg.norm(vn)), 1e-12)
         out["vector_max_difference"] = float(np.abs(vn - np.asarray(stored_vec, np.float64)).max())
+        # the stored vector's own cosine (a compressed vector index ranks by an approximation of it)
         stored_score = float(np.asarray(stored_vec, np.float64) @ np.asarray(q, np.float64))
         out["stored_score"] = stored_score
     if stored_score is not None:
@@ -330,6 +331,7 @@ def explain_hits(retriever, g, queries: Sequence[str], qv: np.ndarray | None, hi
     if not flat:
         return
     lex = g.lexical(retriever.folder, required=False) if mode in ("lexical", "hybrid") else None
+    query_layers = (g.manifest.head or {}).get("kind") == "query-layers"
     dense = mode in ("dense", "hybrid") and qv is not None
     toks: dict[int, _Tokens | None] = {}
     stored: dict[int, np.ndarray] = {}
@@ -342,7 +344,8 @@ def explain_hits(retriever, g, queries: Sequence[str], qv: np.ndarray | None, hi
     for qi, h in flat:
         e: dict[str, Any] = {"mode": mode, "score": h.score, "query": queries[qi]}
         if dense:
-            e["dense"] = explain_dense(retriever.encoder, toks.get(h.id), h.text, qv[qi], stored.get(h.id), h.dense_score)
+            e["dense"] = explain_dense(retriever.encoder, toks.get(h.id), h.text, qv[qi], stored.get(h.id), h.dense_score,
+                                       query_layers)
         if lex is not None:
             e["lexical"] = explain_lexical(lex, queries[qi], h.id, h.text, h.lexical_score)
         if mode == "hybrid":
@@ -414,8 +417,8 @@ def format_explanation(hit, color: bool = False) -> str:
             lines.append(head)
             if d["pooling"] == "cls":
                 lines.append("  cls pooling: the whole score is the [CLS] token's")
-            if not d.get("matches_stored", True) or d.get("note") and d.get("states") != "kept":
-                lines.append("  note: " + d.get("note", ""))
+            if d.get("note") and (d.get("states") != "kept" or not d.get("matches_stored", True)):
+                lines.append("  note: " + d["note"])
         else:
             stored = d.get("stored_score")
             lines.append(f"  dense {stored:.4f}" if stored is not None else "  dense")
@@ -429,9 +432,11 @@ def format_explanation(hit, color: bool = False) -> str:
     f = e.get("fusion")
     if f:
         if f["method"] == "convex":
-            lines.append(f"  fusion convex (alpha {f['alpha']:g}): {f['alpha']:g} x ({f['dense']['value']:.4f} - {f['dense']['min']:.4f}) / "
-                         f"({f['dense']['max']:.4f} - {f['dense']['min']:.4f}) + {1 - f['alpha']:g} x ({f['lexical']['value']:.3f} - "
-                         f"{f['lexical']['min']:.3f}) / ({f['lexical']['max']:.3f} - {f['lexical']['min']:.3f}) = {f['fused']:.4f}")
+            dn, ln = f["dense"], f["lexical"]
+            lines.append(f"  fusion convex (alpha {f['alpha']:g}): {f['alpha']:g} x {dn['normalized']:.4f} "
+                         f"[cosine {dn['value']:.4f} in {dn['min']:.4f}..{dn['max']:.4f}] + {1 - f['alpha']:g} x {ln['normalized']:.4f} "
+                         f"[bm25 {ln['value']:.3f} in {ln['min']:.3f}..{ln['max']:.3f}] = {f['fused']:.4f} "
+                         f"(min-max over {f['candidates']} candidates)")
         else:
             lines.append(f"  fusion rrf: {f['formula']} (dense rank {f['dense']['rank']}, lexical rank {f['lexical']['rank']} "
                          f"of {f['candidates']} candidates)")
