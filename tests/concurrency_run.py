@@ -98,7 +98,12 @@ def http_surface(folder):
 
     from semsearch.serve import Service, create_app
 
-    app = create_app(Service(folder, device="cpu"))
+    from semsearch.encoder import Encoder
+
+    # fp32: the server encodes the queries of concurrent requests in one pass, and in bf16 a text's
+    # vector moves with its batch mates (scores by ~3e-4), which would blur the comparison with
+    # the serial run; in fp32 it does not.
+    app = create_app(Service(folder, device="cpu", encoder=Encoder(device="cpu", precision="fp32")))
     config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
     server = uvicorn.Server(config)
     t = threading.Thread(target=server.run, daemon=True)
@@ -162,6 +167,9 @@ def llamaindex_surface(folder):
 
     from semsearch.integrations.llamaindex import SemsearchRetriever
 
+    from semsearch.search import Retriever
+
+    shared = Retriever.load(folder)  # one index and model behind every (mode, where) component
     cache: dict = {}
     lock = threading.Lock()
 
@@ -169,7 +177,7 @@ def llamaindex_surface(folder):
         with lock:
             kk = (m, repr(w))
             if kk not in cache:
-                cache[kk] = SemsearchRetriever.from_index(folder, similarity_top_k=5, mode=m, where=w)
+                cache[kk] = SemsearchRetriever(shared, similarity_top_k=5, mode=m, where=w)
             return cache[kk]
 
     def conv(nodes):
@@ -251,15 +259,30 @@ def main() -> None:
         else:
             runners[s] = {"langchain": langchain_surface, "llamaindex": llamaindex_surface,
                           "haystack": haystack_surface}[s](folder)
-    # References in both states of the index.
+    # References in both states of the index, the extra document written as the writer writes it
+    # (through the server where there is one: its encoder's vector, not another's).
     enc = Encoder(device="cpu")
+
+    def write(present: bool) -> None:
+        if HTTP_URL:
+            import httpx
+
+            with httpx.Client(base_url=HTTP_URL[0], timeout=60, headers=_auth()) as c:
+                doc = {"id": EXTRA_ID, "text": EXTRA_TEXT, "metadata": {"year": 2015, "lang": "de"}}
+                resp = c.post("/documents", json={"documents": [doc]}) if present else c.delete(f"/documents/{EXTRA_ID}")
+                resp.raise_for_status()
+        elif present:
+            upsert_documents(folder, [Document(EXTRA_ID, EXTRA_TEXT, {"year": 2015, "lang": "de"})], enc)
+        else:
+            delete_documents(folder, [EXTRA_ID])
+
     for state in ("without", "with"):
         if state == "with":
-            upsert_documents(folder, [Document(EXTRA_ID, EXTRA_TEXT, {"year": 2015, "lang": "de"})], enc)
+            write(True)
         for s, (run, _) in runners.items():
             for c in calls():
                 checker.add_ref(s, c, run(c))
-    delete_documents(folder, [EXTRA_ID])
+    write(False)
     del enc
 
     stop = threading.Event()
