@@ -148,7 +148,8 @@ def dense_terms(pooling: str, states: np.ndarray, q: np.ndarray, head=None) -> t
     if pooling == "mean":
         v = H.mean(0, dtype=np.float32)  # as the encoder pools (float32)
         norm = max(float(np.linalg.norm(v.astype(np.float64))), 1e-12)
-        return (H.astype(np.float64) @ q64) / (T * norm), v, "exact: the chunk vector is the mean of its token states, so each token adds (q . h_t) / (n |mean|)"
+        # q . h_t in float32 (as the cosine itself is computed), the rest in float64
+        return (H @ np.asarray(q, np.float32)).astype(np.float64) / (T * norm), v, "exact: the chunk vector is the mean of its token states, so each token adds (q . h_t) / (n |mean|)"
     if pooling == "max":
         v = H.max(0)
         win = H.argmax(0)
@@ -213,7 +214,7 @@ def explain_dense(encoder, tok: _Tokens | None, text: str, q: np.ndarray, stored
     score = float(terms.sum())
     out.update(exact=True, method=how, score=score, states=tok.source)
     out["tokens"] = [{"token": t, "start": None if sp is None else sp[0], "end": None if sp is None else sp[1],
-                      "contribution": float(c)} for t, sp, c in zip(tok.tokens, tok.spans, terms)]
+                      "contribution": c} for t, sp, c in zip(tok.tokens, tok.spans, terms.tolist())]
     out["spans"] = _merge_words(text, tok.spans, terms)
     last = max((sp[1] for sp in tok.spans if sp is not None), default=0)
     out["truncated"] = bool(text[last:].strip())  # text past the model's max length is not in the vector
@@ -243,43 +244,59 @@ def explain_dense(encoder, tok: _Tokens | None, text: str, q: np.ndarray, stored
 _WORD = re.compile(r"\w+", re.UNICODE)
 
 
-def explain_lexical(lex, query: str, chunk_id: int, text: str, score: float | None) -> dict[str, Any]:
+class QueryTerms:
+    """One query's analysed terms, worked out once for all its hits: the query words behind each
+    term hash, the terms' positions in the index's vocabulary, and a memo of text words' terms."""
+
+    def __init__(self, lex, query: str):
+        self.words: dict[int, list[str]] = {}
+        for w in _WORD.findall(query.lower()):
+            if w not in lexical_.STOPWORDS:
+                ws = self.words.setdefault(lexical_._term(w), [])
+                if w not in ws:
+                    ws.append(w)
+        self.vocab_pos = lex._query_terms(query)  # the terms the index holds, as score_all() adds them
+        self.memo: dict[str, int | None] = {}
+        self.average_length = float(lex.lengths.mean()) if len(lex.lengths) else 0.0
+
+    def term_of(self, word: str) -> int | None:
+        """The hash of a text word's term where it is one of the query's, else None."""
+        try:
+            return self.memo[word]
+        except KeyError:
+            h = None if word in lexical_.STOPWORDS else lexical_._term(word)
+            self.memo[word] = h = h if h in self.words else None
+            return h
+
+
+def explain_lexical(lex, query: str | QueryTerms, chunk_id: int, text: str, score: float | None) -> dict[str, Any]:
     """Each distinct query term's BM25 part for one chunk (they sum to its BM25 score)."""
-    words: dict[int, list[str]] = {}
-    for w in _WORD.findall(query.lower()):
-        if w not in lexical_.STOPWORDS:
-            words.setdefault(lexical_._term(w), [])
-            if w not in words[lexical_._term(w)]:
-                words[lexical_._term(w)].append(w)
+    qt = query if isinstance(query, QueryTerms) else QueryTerms(lex, query)
     out: dict[str, Any] = {"score": score, "k1": lex.k1, "b": lex.b, "terms": []}
     pos = int(np.searchsorted(lex.ids, chunk_id)) if len(lex.ids) else 0
     held = pos < len(lex.ids) and int(lex.ids[pos]) == chunk_id
     if held:
         out["length"] = float(lex.lengths[pos])
-        out["average_length"] = float(lex.lengths.mean()) if len(lex.lengths) else 0.0
-    hashes = set()
+        out["average_length"] = qt.average_length
     spans: dict[int, list[list[int]]] = {}
-    # the text's words whose stem is a query term: the distinct words first, then where they are
-    found = {w: lexical_._term(w) for w in set(_WORD.findall(text.lower())) if w not in lexical_.STOPWORDS}
-    found = {w: h for w, h in found.items() if h in words}
-    if found:
-        alt = re.compile(r"(?<!\w)(?:" + "|".join(map(re.escape, sorted(found, key=len, reverse=True))) + r")(?!\w)", re.IGNORECASE)
-        for m in alt.finditer(text):
-            h = found.get(m.group(0).lower())
-            if h is not None:
-                spans.setdefault(h, []).append([m.start(), m.end()])
-    total = 0.0
-    for v in lex._query_terms(query):
+    for m in _WORD.finditer(text):  # where the query's terms occur in the text
+        h = qt.term_of(m.group().lower())
+        if h is not None:
+            spans.setdefault(h, []).append([m.start(), m.end()])
+    total, hashes = 0.0, set()
+    for v in qt.vocab_pos.tolist():
         h = int(lex.vocab[v])
         hashes.add(h)
         lo, hi = int(lex.indptr[v]), int(lex.indptr[v + 1])
-        at = np.flatnonzero(lex.postings[lo:hi] == pos) if held else np.zeros(0, np.int64)
-        c = float(lex.weights[lo + at[0]]) if len(at) else 0.0
-        tf = int(lex.tfs[lo + at[0]]) if len(at) else 0
+        c, tf = 0.0, 0
+        if held:  # a term's postings are in row order
+            j = lo + int(np.searchsorted(lex.postings[lo:hi], pos))
+            if j < hi and int(lex.postings[j]) == pos:
+                c, tf = float(lex.weights[j]), int(lex.tfs[j])
         total += c
-        out["terms"].append({"term": " / ".join(words.get(h, ["?"])), "idf": float(lex.idf[v]), "tf": tf,
+        out["terms"].append({"term": " / ".join(qt.words.get(h, ["?"])), "idf": float(lex.idf[v]), "tf": tf,
                              "contribution": c, "spans": spans.get(h, [])})
-    missing = [" / ".join(ws) for h, ws in words.items() if h not in hashes]
+    missing = [" / ".join(ws) for h, ws in qt.words.items() if h not in hashes]
     if missing:
         out["absent"] = missing  # query terms no chunk of the index holds: they add nothing
     out["sum"] = total
@@ -341,13 +358,16 @@ def explain_hits(retriever, g, queries: Sequence[str], qv: np.ndarray | None, hi
         kept = _kept_states(g, retriever.folder, ids)
         toks = dict(zip(ids, hit_tokens(retriever.encoder, [text_of[i] for i in ids], [kept.get(i) for i in ids])))
         stored = _stored_vectors(g, ids)
+    terms: dict[int, QueryTerms] = {}
     for qi, h in flat:
         e: dict[str, Any] = {"mode": mode, "score": h.score, "query": queries[qi]}
         if dense:
             e["dense"] = explain_dense(retriever.encoder, toks.get(h.id), h.text, qv[qi], stored.get(h.id), h.dense_score,
                                        query_layers)
         if lex is not None:
-            e["lexical"] = explain_lexical(lex, queries[qi], h.id, h.text, h.lexical_score)
+            if qi not in terms:
+                terms[qi] = QueryTerms(lex, queries[qi])
+            e["lexical"] = explain_lexical(lex, terms[qi], h.id, h.text, h.lexical_score)
         if mode == "hybrid":
             e["fusion"] = explain_fusion(pools[qi] if pools else None, h.id, fusion, alpha, h.score)
         h.explanation = e
