@@ -269,6 +269,36 @@ class QueryTerms:
             return h
 
 
+def _is_word(c: str) -> bool:
+    return c.isalnum() or c == "_"
+
+
+def _term_spans(qt: QueryTerms, text: str) -> dict[int, list[list[int]]]:
+    """{term hash: [[start, end], ...]}: where the query's terms occur in text, as words."""
+    spans: dict[int, list[list[int]]] = {}
+    low = text.lower()
+    if len(low) != len(text):  # lower-casing moved offsets (a few Unicode letters): word by word
+        for m in _WORD.finditer(text):
+            h = qt.term_of(m.group().lower())
+            if h is not None:
+                spans.setdefault(h, []).append([m.start(), m.end()])
+        return spans
+    # the text's distinct words first (C speed), then each matching word's places
+    for w in set(_WORD.findall(low)):
+        h = qt.term_of(w)
+        if h is None:
+            continue
+        at = low.find(w)
+        while at >= 0:
+            end = at + len(w)
+            if (at == 0 or not _is_word(low[at - 1])) and (end == len(low) or not _is_word(low[end])):
+                spans.setdefault(h, []).append([at, end])
+            at = low.find(w, end)
+    for v in spans.values():
+        v.sort()
+    return spans
+
+
 def explain_lexical(lex, query: str | QueryTerms, chunk_id: int, text: str, score: float | None) -> dict[str, Any]:
     """Each distinct query term's BM25 part for one chunk (they sum to its BM25 score)."""
     qt = query if isinstance(query, QueryTerms) else QueryTerms(lex, query)
@@ -278,11 +308,7 @@ def explain_lexical(lex, query: str | QueryTerms, chunk_id: int, text: str, scor
     if held:
         out["length"] = float(lex.lengths[pos])
         out["average_length"] = qt.average_length
-    spans: dict[int, list[list[int]]] = {}
-    for m in _WORD.finditer(text):  # where the query's terms occur in the text
-        h = qt.term_of(m.group().lower())
-        if h is not None:
-            spans.setdefault(h, []).append([m.start(), m.end()])
+    spans = _term_spans(qt, text)
     total, hashes = 0.0, set()
     for v in qt.vocab_pos.tolist():
         h = int(lex.vocab[v])
