@@ -218,3 +218,21 @@ def test_a_changed_index_of_the_same_corpus_passes_and_an_older_head_is_accepted
     assert "corpus" not in json.loads((old / "head.json").read_text())
     _index(small_corpus, tmp_path / "any", old)
     assert Manifest.load(tmp_path / "any").head["kind"] == "query-layers"
+
+
+def test_a_pooling_head_records_its_corpus_too(tmp_path):
+    from semsearch.encoder.heads import check_head_corpus, corpus_record, document_key
+    from semsearch.encoder.pooling import AttentionHead
+    from semsearch.errors import HeadCorpusMismatch
+    from semsearch.train.data import from_beir
+    from semsearch.train.head import save_head
+
+    data = from_beir(write_beir(tmp_path / "ds"))
+    head = AttentionHead(8, 8)
+    head.corpus = data.corpus  # as train_head leaves it
+    save_head(head, tmp_path / "h", {"base_model_fingerprint": "abc"})
+    rec = json.loads((tmp_path / "h" / "head.json").read_text())["corpus"]
+    assert rec == corpus_record(document_key(i, "") for i in data.passage_ids) and rec["documents"] == 32
+    assert check_head_corpus(tmp_path / "h", [document_key(i, "") for i in data.passage_ids]) == 1.0
+    with pytest.raises(HeadCorpusMismatch, match="pooling head .* was trained on another corpus"):
+        check_head_corpus(tmp_path / "h", [document_key(None, "some other text")])
