@@ -27,7 +27,7 @@ sys.path.insert(0, str(REPO))
 
 import numpy as np  # noqa: E402
 
-from semsearch.train.states import StateCache  # noqa: E402
+from semsearch.training.states import StateCache  # noqa: E402
 
 OPTIONS = {
     # name: (TrainConfig overrides, pseudo-query source or None)
@@ -64,7 +64,7 @@ def first_sentence(text: str) -> str:
 def build_caches(data_dir: Path, out: Path, index: Path, data, needed: set[str]) -> dict[str, StateCache]:
     """Token states of the train queries and the pseudo-queries (fp32, cached under `out`), and of
     the passages from `index` (built with --keep-states), as scripts/train_scifact.py builds it."""
-    from semsearch.train.index_states import passage_states
+    from semsearch.training.index_states import passage_states
 
     caches = {}
     titles, firsts = corpus_pseudo_queries(data_dir / "corpus.jsonl")
@@ -93,7 +93,7 @@ def build_caches(data_dir: Path, out: Path, index: Path, data, needed: set[str])
 def partial_caches(prefix: str, data, cache: Path, data_dir: Path, needed: set[str]):
     """The first n corpus documents (those with states in PREFIX_states.f16) and the train queries
     all of whose relevant documents are among them."""
-    from semsearch.train.data import PairData
+    from semsearch.training.data import PairData
 
     ids = json.loads(Path(prefix + "_ids.json").read_text())
     spans = np.load(prefix + "_spans.npy")
@@ -119,8 +119,8 @@ def concat(a: StateCache, b: StateCache) -> StateCache:
 
 
 def run_option(name: str, seed: int, data, caches: dict[str, StateCache]) -> dict:
-    from semsearch.train.data import PairData
-    from semsearch.train.trainer import TrainConfig, train_head
+    from semsearch.training.data import PairData
+    from semsearch.training.trainer import TrainConfig, train_head
 
     overrides, pseudo = OPTIONS[name]
     queries, qstates = list(data.queries), caches["queries"]
@@ -157,8 +157,8 @@ def test_report(name: str, data, caches: dict[str, StateCache], data_dir: Path, 
     from semsearch.encoder import Encoder
     from semsearch.encoder.pooling import mean_pool
     from semsearch.eval import exact_search, format_table, load_beir, read_qrels, to_run, trec_metrics
-    from semsearch.train.data import PairData
-    from semsearch.train.trainer import TrainConfig, train_head
+    from semsearch.training.data import PairData
+    from semsearch.training.trainer import TrainConfig, train_head
 
     overrides, pseudo = OPTIONS[name]
     assert pseudo is None, "test_report runs labelled options"
@@ -200,7 +200,7 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(2)
-    from semsearch.train.data import from_beir
+    from semsearch.training.data import from_beir
 
     data = from_beir(args.data, "train")  # the train split only: the test split is never read here
     names = args.only.split(",") if args.only else list(OPTIONS)

@@ -73,20 +73,20 @@ def main() -> None:
     from semsearch.eval import exact_search, format_table, load_beir, read_qrels, to_run, trec_metrics
     from semsearch.store.manifest import Manifest
     from semsearch.encoder.heads import load_head, unseen_document_queries
-    from semsearch.train.query_tower import index_vectors
+    from semsearch.training.query_tower import index_vectors
 
     test = load_beir(args.data, "test")
     m = Manifest.load(index)
     enc = Encoder(precision=m.precision)
     t = time.perf_counter()
     vectors: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    from semsearch.train.data import PairData
+    from semsearch.training.data import PairData
 
     docs_data = PairData([], test.doc_texts, {}, passage_ids=test.doc_ids)
     if pooling_head:
         from semsearch.encoder.pooling import mean_pool
-        from semsearch.train.index_states import passage_states
-        from semsearch.train.states import StateCache
+        from semsearch.training.index_states import passage_states
+        from semsearch.training.states import StateCache
 
         states = passage_states(index, test.doc_texts, test.doc_ids, enc).passages
         queries = StateCache.build(enc, test.query_texts, progress=False)

@@ -54,11 +54,13 @@ def index(
     engine: str = "local",
     ray_address: str | None = None,
     workers: int | None = None,
+    force: bool = False,
     progress: bool | None = None,
 ):
     """Index the files under `corpus` (a folder or one file) into the index folder `index`
     (default: $SEMSEARCH_INDEX, else ./indexes/default); an existing index is updated: only new
-    or changed files are embedded, deleted ones removed. Gives back the IndexReport.
+    or changed files are embedded, deleted ones removed. A `head` trained on another corpus is
+    refused (HeadCorpusMismatch) unless `force`. Gives back the IndexReport.
 
     >>> semsearch.index("data/sample", "indexes/doc-example", include=["*.md"], rebuild=True, progress=False).added > 0
     True
@@ -79,7 +81,7 @@ def index(
     chunking = resolve_chunking(base, enc, chunk_tokens, overlap)
     vs = VectorSettings(index_type=index_type, target_recall=target_recall, max_bytes_per_vector=max_bytes_per_vector, device=device)
     return index_corpus(corpus, folder, enc, chunking, ReadOptions(text_column, skip_errors), rebuild, progress,
-                        keep_states=keep_states, vectors=vs, checksum=checksum, found=found, engine=runner)
+                        keep_states=keep_states, vectors=vs, checksum=checksum, found=found, engine=runner, force=force)
 
 
 # ---- evaluate ------------------------------------------------------------------------------------
@@ -259,9 +261,9 @@ def _train_pooling_head(out, pseudo_queries, epochs, patience, lr, weight_decay,
     import numpy as np
 
     from semsearch.encoder.encoder import Encoder
-    from semsearch.train import data as td
-    from semsearch.train.head import save_head
-    from semsearch.train.trainer import TrainConfig, config_dict, train_head
+    from semsearch.training import data as td
+    from semsearch.training.head import save_head
+    from semsearch.training.trainer import TrainConfig, config_dict, train_head
 
     pseudo_queries = bool(pseudo_queries)
     epochs, patience, lr = epochs or 10, patience or 2, lr if lr is not None else 2e-3
@@ -282,8 +284,8 @@ def _train_pooling_head(out, pseudo_queries, epochs, patience, lr, weight_decay,
     log(f"training on {data.source}: {len(data.queries)} queries, {data.n_pairs} pairs, {len(data.passages)} passages")
     passages = None
     if index is not None:
-        from semsearch.train.index_states import add_pseudo_queries, index_chunks, passage_states
-        from semsearch.train.states import StateCache
+        from semsearch.training.index_states import add_pseudo_queries, index_chunks, passage_states
+        from semsearch.training.states import StateCache
 
         if data.passages:
             got = passage_states(index, data.passages, data.passage_ids, enc, progress)
@@ -310,13 +312,13 @@ def _train_pooling_head(out, pseudo_queries, epochs, patience, lr, weight_decay,
 def _train_query_layers(out, layers, pseudo_queries, epochs, patience, lr, weight_decay, force, *, beir, split, dev_split,
                         pairs, index, model, batch_size, positives_per_query, scale, dev_fraction, seed, cache, device,
                         precision, progress, log):
-    """See semsearch/train/query_tower.py."""
+    """See semsearch/training/query_tower.py."""
     import numpy as np
 
     from semsearch.encoder.encoder import Encoder
-    from semsearch.train import data as td
-    from semsearch.train import query_tower as qt
-    from semsearch.train.trainer import TrainConfig, make_split
+    from semsearch.training import data as td
+    from semsearch.training import query_tower as qt
+    from semsearch.training.trainer import TrainConfig, make_split
 
     pseudo_queries = True if pseudo_queries is None else pseudo_queries
     unlabelled_only = beir is None and pairs is None

@@ -110,6 +110,7 @@ def main(verbose: bool) -> None:
 @click.option("--include", "include", multiple=True, metavar="GLOB", help="Index only files matching GLOB (gitignore syntax, relative to CORPUS: '*.html', 'docs/**/*.md'); repeatable.")
 @click.option("--exclude", "exclude", multiple=True, metavar="GLOB", help="Leave out files or folders matching GLOB (as --include); repeatable. CORPUS/.semsearchignore (gitignore syntax) is also read.")
 @click.option("--rebuild", is_flag=True, help="Build the index anew (e.g. with another model or pooling) instead of updating it.")
+@click.option("--force", is_flag=True, help="Use a --head trained on another corpus anyway (it is refused otherwise, with the share of its training documents found here).")
 @click.option("--keep-states", is_flag=True, help="Keep every chunk's fp16 token states (768 bytes a token for MiniLM) so a new --pooling or --head re-pools the index without re-encoding.")
 @click.option("--index-type", type=click.Choice(["auto", "flat", "ivf", "ivf-fastscan", "ivf-sq8", "hnsw"]), default="auto", show_default=True,
               help="FAISS index. auto: exact (flat) below 50,000 chunks, else IVF fast scan with exact re-ranking (IVF-SQ8 under --max-bytes-per-vector).")
@@ -125,7 +126,7 @@ def main(verbose: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @handle_errors
 def index(corpus, index, model, pooling, head, device, precision, chunk_tokens, overlap, text_column, skip_errors, checksum, include, exclude,
-          rebuild, keep_states, index_type, target_recall, max_bytes_per_vector, engine, ray_address, workers, progress, as_json):
+          rebuild, force, keep_states, index_type, target_recall, max_bytes_per_vector, engine, ray_address, workers, progress, as_json):
     """Index the files under CORPUS (a folder or one file) into an index folder.
 
     Reads .txt .md .rst .csv .tsv .jsonl .json .parquet, and .pdf (text layer) .html .htm .docx,
@@ -143,7 +144,7 @@ def index(corpus, index, model, pooling, head, device, precision, chunk_tokens, 
                        skip_errors=skip_errors, checksum=checksum, include=include, exclude=exclude, rebuild=rebuild,
                        keep_states=keep_states, index_type=index_type, target_recall=target_recall,
                        max_bytes_per_vector=max_bytes_per_vector, engine=engine, ray_address=ray_address, workers=workers,
-                       progress=progress)
+                       force=force, progress=progress)
     if as_json:
         click.echo(json.dumps(report.as_dict(), indent=2))
     else:

@@ -13,7 +13,7 @@ import torch
 from semsearch.encoder.heads import load_head
 from semsearch.encoder.numpy_encoder import NumpyEncoder
 from semsearch.encoder.query_layers import QueryTower
-from semsearch.train.query_tower import save_tower
+from semsearch.training.query_tower import save_tower
 
 from conftest import REPO
 from test_train import write_beir

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from semsearch.cli import main
 from semsearch.encoder.heads import head_info, load_head
 from semsearch.encoder.query_layers import QueryTower
-from semsearch.train.query_tower import _hidden, save_tower
+from semsearch.training.query_tower import _hidden, save_tower
 
 from test_train import write_beir
 
@@ -151,8 +151,8 @@ def _index(corpus_file, idx, head=None, force=False):
 
 
 def test_a_beir_corpus_and_its_index_have_the_same_corpus_record(tmp_path, real_encoder):
-    from semsearch.train.data import from_beir
-    from semsearch.train.query_tower import index_vectors
+    from semsearch.training.data import from_beir
+    from semsearch.training.query_tower import index_vectors
 
     ds = write_beir(tmp_path / "ds")
     _index(ds / "corpus.jsonl", tmp_path / "idx")
@@ -224,8 +224,8 @@ def test_a_pooling_head_records_its_corpus_too(tmp_path):
     from semsearch.encoder.heads import check_head_corpus, corpus_record, document_key
     from semsearch.encoder.pooling import AttentionHead
     from semsearch.errors import HeadCorpusMismatch
-    from semsearch.train.data import from_beir
-    from semsearch.train.head import save_head
+    from semsearch.training.data import from_beir
+    from semsearch.training.head import save_head
 
     data = from_beir(write_beir(tmp_path / "ds"))
     head = AttentionHead(8, 8)

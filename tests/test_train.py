@@ -11,11 +11,11 @@ from click.testing import CliRunner
 
 from semsearch.cli import main
 from semsearch.encoder.pooling import AttentionHead, mean_pool
-from semsearch.train.data import PairData
+from semsearch.training.data import PairData
 from semsearch.encoder.heads import load_head
-from semsearch.train.head import save_head
-from semsearch.train.loss import mnr_loss
-from semsearch.train.trainer import TrainConfig, _batches, train_head
+from semsearch.training.head import save_head
+from semsearch.training.loss import mnr_loss
+from semsearch.training.trainer import TrainConfig, _batches, train_head
 
 from conftest import NO_SCIFACT, SAMPLE, SCIFACT
 
@@ -171,7 +171,7 @@ def test_new_pooling_without_kept_states_is_refused_with_cost(small_corpus, tmp_
 
 # ---- dev split on held-out documents ----------------------------------------------------
 def test_document_split_keeps_dev_documents_out_of_training():
-    from semsearch.train.split import split_queries
+    from semsearch.training.split import split_queries
 
     rng = np.random.default_rng(0)
     # 60 queries; queries 3k, 3k+1, 3k+2 share document k (groups), plus a few shared across groups.
@@ -186,7 +186,7 @@ def test_document_split_keeps_dev_documents_out_of_training():
 
 
 def test_split_falls_back_to_queries_when_positives_link_everything():
-    from semsearch.train.split import split_queries
+    from semsearch.training.split import split_queries
 
     positives = {q: {0, q + 1} for q in range(50)}  # every query shares document 0
     s = split_queries(positives, 0.2, np.random.default_rng(0), n_passages=51)
@@ -195,7 +195,7 @@ def test_split_falls_back_to_queries_when_positives_link_everything():
 
 
 def test_dev_fraction_zero_holds_out_nothing():
-    from semsearch.train.split import split_queries
+    from semsearch.training.split import split_queries
 
     s = split_queries({q: {q} for q in range(10)}, 0.0, np.random.default_rng(0))
     assert s.kind == "none" and s.dev == [] and len(s.train) == 10
@@ -203,7 +203,7 @@ def test_dev_fraction_zero_holds_out_nothing():
 
 # ---- false negatives: other positives of the same query are masked out ------------------
 def test_positive_mask_marks_other_positives_of_the_same_query():
-    from semsearch.train.loss import positive_mask
+    from semsearch.training.loss import positive_mask
 
     # query 0 has positives {10, 11}, query 1 has {11, 12}; batch targets 10 and 12, negatives 11, 13.
     m = positive_mask([0, 1], [10, 12, 11, 13], {0: {10, 11}, 1: {11, 12}})
@@ -236,7 +236,7 @@ def multi_positive_data():
 
 
 def test_training_on_a_multi_positive_set_never_uses_a_positive_as_negative(real_encoder, tmp_path, monkeypatch):
-    import semsearch.train.trainer as trainer
+    import semsearch.training.trainer as trainer
 
     data = multi_positive_data()
     seen = {"rows": 0, "masked": 0}
@@ -271,7 +271,7 @@ def test_training_on_a_multi_positive_set_never_uses_a_positive_as_negative(real
 
 
 def test_positives_per_query_bounds_an_epoch():
-    from semsearch.train.trainer import epoch_pairs
+    from semsearch.training.trainer import epoch_pairs
 
     positives = {0: set(range(40)), 1: {50}}
     pairs = epoch_pairs([0, 1], positives, 2, np.random.default_rng(0))

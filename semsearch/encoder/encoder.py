@@ -36,7 +36,7 @@ class Encoder:
     sentence-transformers behind the same interface. `pooling` is 'cls', 'mean', 'max' or 'head'
     (with `head` an AttentionHead). `head` may instead be trained query layers (a PendingTower from
     encoder.heads.load_head): documents keep `pooling`, and encode_queries() runs queries through
-    the fine-tuned top layers (train/query_tower.py).
+    the fine-tuned top layers (encoder/query_layers.py).
     """
 
     def __init__(

@@ -1,7 +1,7 @@
 """Head folders, the model's trained parts: an attention-pooling head or trained query layers,
 saved as head.safetensors + head.json (+ the ids of the documents it trained on). Reading and
 writing the format lives here, beside the encoder that applies them; training builds them
-(semsearch/train) and imports this, never the reverse."""
+(semsearch/training) and imports this, never the reverse."""
 from __future__ import annotations
 
 import hashlib

@@ -1,4 +1,4 @@
-"""Trained query layers: the top layers of the encoder, fine-tuned for queries (semsearch/train
+"""Trained query layers: the top layers of the encoder, fine-tuned for queries (semsearch/training
 builds them; the encoder applies them to queries, documents keep the base model's layers)."""
 from __future__ import annotations
 
