@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from semsearch.errors import InputError, SettingsMismatch
-from semsearch.train.states import StateCache
+from semsearch.training.states import StateCache
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ def add_pseudo_queries(data, passages: StateCache, chunks: IndexChunks, id_field
     """Unlabelled pairs from the corpus: each document's first sentence (its title, where it starts
     with one) as a query for its first chunk. Gives back (data with the pseudo-queries added as
     unlabelled queries, passages extended with chunks the data lacked)."""
-    from semsearch.train.data import PairData
+    from semsearch.training.data import PairData
 
     pos_by_id = {p: i for i, p in enumerate(data.passage_ids)} if data.passage_ids is not None else {}
     pos_by_text = {t: i for i, t in enumerate(data.passages)}

@@ -33,8 +33,8 @@ from semsearch.encoder.query_layers import KIND, QueryTower, bottom_states, load
 from semsearch.encoder.transformer import attention_bias as _bias
 from semsearch.errors import InputError
 from semsearch.progress import bar as progress_bar
-from semsearch.train.data import PairData, texts_checksum
-from semsearch.train.split import DevSplit
+from semsearch.training.data import PairData, texts_checksum
+from semsearch.training.split import DevSplit
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +104,7 @@ def config_dict(cfg: TowerConfig) -> dict[str, Any]:
 def add_corpus_queries(data: PairData, titles: list[str] | None = None) -> tuple[PairData, int]:
     """The data with an unlabelled query for each passage: its title where the data has one,
     else its first sentence (see index_states.first_sentence); passages with neither get none."""
-    from semsearch.train.index_states import first_sentence
+    from semsearch.training.index_states import first_sentence
 
     queries, positives, unlabelled = list(data.queries), {q: set(p) for q, p in data.positives.items()}, set(data.unlabelled)
     n = 0
@@ -297,7 +297,7 @@ def train_query_tower(data: PairData, encoder, pvec: np.ndarray, cfg: TowerConfi
     ranks its positives first among all passages (pvec, fixed); keep the dev check with the best
     gate figure (unseen-document dev nDCG@10), stopping after cfg.patience checks without progress."""
     from semsearch.encoder.pooling import pool as pool_fn
-    from semsearch.train.trainer import _dev_figures, epoch_pairs
+    from semsearch.training.trainer import _dev_figures, epoch_pairs
 
     if encoder.backend != "native":
         raise InputError("--train-layers needs a BERT-family model on the native encoder")

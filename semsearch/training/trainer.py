@@ -17,10 +17,10 @@ from semsearch.encoder.pooling import AttentionHead, mean_pool
 from semsearch.errors import InputError
 from semsearch.eval import exact_search, trec_metrics
 from semsearch.progress import bar as progress_bar
-from semsearch.train.data import PairData
-from semsearch.train.loss import mnr_loss, positive_mask
-from semsearch.train.split import DevSplit, given_split, split_queries
-from semsearch.train.states import StateCache
+from semsearch.training.data import PairData
+from semsearch.training.loss import mnr_loss, positive_mask
+from semsearch.training.split import DevSplit, given_split, split_queries
+from semsearch.training.states import StateCache
 
 log = logging.getLogger(__name__)
 
