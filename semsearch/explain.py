@@ -178,20 +178,21 @@ def dense_terms(pooling: str, states: np.ndarray, q: np.ndarray, head=None) -> t
     raise ValueError(f"no per-token terms for pooling {pooling!r}")
 
 
-def _merge_words(text: str, spans: list[tuple[int, int] | None], terms: np.ndarray) -> list[dict[str, Any]]:
-    """Word spans: subword tokens that touch (the '##' pieces of a word) merged, their terms summed."""
-    keep = [i for i, sp in enumerate(spans) if sp is not None and sp[1] > sp[0]]
-    if not keep:
-        return []
-    se = np.array([spans[i] for i in keep], np.int64)
-    c = np.asarray(terms, np.float64)[keep]
-    # a token goes on the previous word where it starts where that one ends, both sides word characters
-    joins = (se[1:, 0] == se[:-1, 1]) & np.array([text[a - 1:a + 1].isalnum() for a in se[1:, 0].tolist()], bool)
-    first = np.flatnonzero(np.concatenate([[True], ~joins]))
-    last = np.append(first[1:] - 1, len(se) - 1)
-    sums = np.add.reduceat(c, first)
-    return [{"start": a, "end": b, "text": text[a:b], "contribution": x}
-            for a, b, x in zip(se[first, 0].tolist(), se[last, 1].tolist(), sums.tolist())]
+def _merge_words(text: str, tokens: list[str], spans: list[tuple[int, int] | None], terms: list[float]) -> list[dict[str, Any]]:
+    """Word spans: a word's WordPiece continuations ('##s' after 'decision') merged into it, their
+    terms summed."""
+    words: list[list] = []
+    cur: list | None = None
+    for t, sp, c in zip(tokens, spans, terms):
+        if sp is None:
+            continue
+        if cur is not None and t.startswith("##") and sp[0] == cur[1]:
+            cur[1] = sp[1]
+            cur[2] += c
+        else:
+            cur = [sp[0], sp[1], c]
+            words.append(cur)
+    return [{"start": a, "end": b, "text": text[a:b], "contribution": x} for a, b, x in words if b > a]
 
 
 def explain_dense(encoder, tok: _Tokens | None, text: str, q: np.ndarray, stored_vec: np.ndarray | None,
@@ -213,9 +214,10 @@ def explain_dense(encoder, tok: _Tokens | None, text: str, q: np.ndarray, stored
         return out
     score = float(terms.sum())
     out.update(exact=True, method=how, score=score, states=tok.source)
+    parts = terms.tolist()
     out["tokens"] = [{"token": t, "start": None if sp is None else sp[0], "end": None if sp is None else sp[1],
-                      "contribution": c} for t, sp, c in zip(tok.tokens, tok.spans, terms.tolist())]
-    out["spans"] = _merge_words(text, tok.spans, terms)
+                      "contribution": c} for t, sp, c in zip(tok.tokens, tok.spans, parts)]
+    out["spans"] = _merge_words(text, tok.tokens, tok.spans, parts)
     last = max((sp[1] for sp in tok.spans if sp is not None), default=0)
     out["truncated"] = bool(text[last:].strip())  # text past the model's max length is not in the vector
     if stored_vec is not None:
