@@ -26,7 +26,7 @@ def cluster():
     """A local Ray cluster of 2 CPUs for this module (the engine reuses a connected Ray)."""
     import logging
 
-    ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
     yield
     ray.shutdown()
 

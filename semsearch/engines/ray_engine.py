@@ -110,7 +110,9 @@ class RayEngine:
         ray = import_ray()
         if ray.is_initialized():
             return ray, False
-        kwargs = {"address": self.address} if self.address else {"num_cpus": self.num_cpus}
+        # No address: a new local cluster, even where `ray start` left one running on this machine
+        # (ray.init() would join that one and then refuse num_cpus).
+        kwargs = {"address": self.address} if self.address else {"address": "local", "num_cpus": self.num_cpus}
         try:
             ray.init(include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False, **kwargs)
         except (ConnectionError, ValueError, RuntimeError, ray.exceptions.RayError) as e:
