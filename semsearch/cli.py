@@ -169,9 +169,11 @@ def index(corpus, index, model, pooling, head, device, precision, chunk_tokens, 
 @click.option("--where", "where", multiple=True, metavar="COND",
               help="Only chunks whose metadata match (repeatable; all must hold): key=value, key!=value, "
                    "key>=n, key>n, key<=n, key<n, or path:GLOB for the source file (e.g. path:*.md).")
+@click.option("--explain", is_flag=True, help="Show why each hit matched: each token's share of the dense score, each query term's "
+                                           "BM25 share, the fusion arithmetic (JSON: an `explanation` per hit).")
 @fusion_options
 @handle_errors
-def query(query, index, k, model, pooling, device, as_json, as_jsonl, width, mode, where, fusion, alpha):
+def query(query, index, k, model, pooling, device, as_json, as_jsonl, width, mode, where, fusion, alpha, explain):
     """Search the index for QUERY ('-' reads one query per line from stdin).
 
     Scores: in dense mode the cosine similarity of query and chunk, in [-1, 1]; in lexical mode
@@ -197,7 +199,7 @@ def query(query, index, k, model, pooling, device, as_json, as_jsonl, width, mod
 
     parse(list(where))  # a bad filter is reported before the model loads
     r = Retriever.load(index, model=model, pooling=pooling, device=device, fast_start=True)
-    results = r.search_batch(queries, k, mode=mode, where=list(where) or None, fusion=fusion, alpha=alpha)
+    results = r.search_batch(queries, k, mode=mode, where=list(where) or None, fusion=fusion, alpha=alpha, explain=explain)
     if as_jsonl:
         for q, hits in zip(queries, results):
             click.echo(json.dumps({"query": q, "hits": [h.to_dict() for h in hits]}, ensure_ascii=False))
@@ -208,7 +210,7 @@ def query(query, index, k, model, pooling, device, as_json, as_jsonl, width, mod
         for q, hits in zip(queries, results):
             if len(queries) > 1:
                 click.echo(f"\nquery: {q}")
-            click.echo(fmt.table(hits, width))
+            click.echo(fmt.table(hits, width, explain=explain))
 
 
 @main.command()

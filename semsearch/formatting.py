@@ -3,6 +3,8 @@ evaluation report, skipped files. Presentation only: the numbers come from the l
 from __future__ import annotations
 
 import json
+import os
+import sys
 
 from semsearch.api import search_modes
 
@@ -16,8 +18,9 @@ def skipped_lines(report, shown: int = 50) -> list[str]:
     return lines
 
 
-def table(hits, width: int) -> str:
-    """Hits as a table: rank, score, source location, a snippet of `width` characters."""
+def table(hits, width: int, explain: bool = False) -> str:
+    """Hits as a table: rank, score, source location, a snippet of `width` characters; with
+    `explain`, each hit's explanation under its row (colour on a terminal, unless NO_COLOR)."""
     if not hits:
         return "no hits"
     src_w = min(max(len(printable(h.location)) for h in hits), 50)
@@ -29,6 +32,11 @@ def table(hits, width: int) -> str:
         loc = printable(h.location)
         loc = loc if len(loc) <= src_w else "…" + loc[-(src_w - 1):]
         lines.append(f"{h.rank:>4}  {h.score:>6.3f}  {loc:<{src_w}}  {snippet}")
+        if explain:
+            from semsearch.explain import format_explanation
+
+            color = sys.stdout.isatty() and "NO_COLOR" not in os.environ
+            lines += ["      " + line for line in format_explanation(h, color=color).splitlines()]
     return "\n".join(lines)
 
 

@@ -67,6 +67,18 @@ def test_query_table_and_jsonl_from_stdin(sample_index):
     assert all(len(x["hits"]) == 2 for x in rows)
 
 
+def test_query_explain_table_and_json(sample_index):
+    r = run("query", "how long does a loan decision take", "--index", sample_index, "-k", "2", "--explain")
+    assert r.exit_code == 0, r.output
+    assert "[[" in r.output and "bm25" in r.output and "fusion convex" in r.output  # markers: not a terminal
+    assert "\x1b[" not in r.output
+    r = run("query", "loan decision", "--index", sample_index, "-k", "2", "--explain", "--json")
+    hits = json.loads(r.output)["hits"]
+    assert len(hits) == 2 and all(h["explanation"] for h in hits)
+    r = run("query", "loan decision", "--index", sample_index, "-k", "2", "--json")
+    assert all(h["explanation"] is None for h in json.loads(r.output)["hits"])
+
+
 def test_info(sample_index):
     r = run("info", "--index", sample_index)
     assert r.exit_code == 0
