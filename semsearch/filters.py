@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import re
 import threading
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
@@ -147,7 +148,9 @@ class _Columns:
     CACHE = 16  # recent filters' selections, per generation
 
     def __init__(self, docs):
-        self.docs = docs
+        # A weak reference: the docstore keeps this in its memo, and a cycle would keep an old
+        # generation's files open until the cycle collector ran.
+        self.docs = weakref.proxy(docs)
         ids, self.file_ids = docs.chunk_files()
         self.ids = ids
         self.size = int(ids[-1]) + 1 if len(ids) else 0
