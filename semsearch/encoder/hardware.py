@@ -82,22 +82,51 @@ def resolve_precision(precision: str, device: str) -> str:
         return precision
     if device == "cuda":
         return "fp16"
-    if cpu_has_fast_bf16():
-        return "bf16"
-    if int8_is_fast():
-        # ONNX Runtime's int8 kernels (u8 x s8 multiply-add): on a 2-core AVX2 EPYC 1.7x
-        # sentence-transformers' fp32 on documents and 2.2x on queries, SciFact nDCG@10 64.66
-        # against fp32's 64.51 (README, "CPUs without AMX"). An encoder that cannot load it
-        # falls back to fp32 with a warning (Encoder._load_onnx).
-        return "int8"
-    return "fp32"
+    return auto_cpu_precision(cpu_flags(), platform.machine(), onnxruntime_installed())
+
+
+# What `--precision auto` runs on a CPU, by class: the fastest path whose SciFact nDCG@10 stays
+# within 0.3 of fp32 (dense and hybrid), from the measured table in docs/precision.md ("The table
+# auto comes from"), first choice first; a later one is taken where an earlier one cannot run (int8
+# needs ONNX Runtime). A class not measured keeps the choice it had before that table.
+AUTO_CPU_RULE: tuple[tuple[str, tuple[str, ...]], ...] = (
+    # AMX: bf16 3.41x sentence-transformers on documents, int8 2.13x (not measured again since).
+    ("amx", ("bf16",)),
+    # AVX-512 with bf16 and VNNI, no AMX: int8 faster than bf16 on documents and on queries,
+    # nDCG@10 within 0.3 of fp32; bf16 (faster than fp32 there) where int8 cannot run.
+    ("avx512_bf16", ("int8", "bf16", "fp32")),
+    # AVX2 (and AVX-512 without bf16 units, not measured: as before): int8 1.8x documents, 2.1x queries.
+    ("avx2", ("int8", "fp32")),
+    # ARM and older x86: no int8 or bf16 figure of ours.
+    ("other", ("fp32",)),
+)
+
+
+def cpu_class(flags: frozenset[str] | set[str], machine: str) -> str:
+    """The row of AUTO_CPU_RULE a CPU falls in: 'amx', 'avx512_bf16', 'avx2' or 'other'."""
+    if machine.lower() not in ("x86_64", "amd64"):
+        return "other"
+    if "amx_bf16" in flags:
+        return "amx"
+    if "avx512_bf16" in flags:
+        return "avx512_bf16"
+    if "avx2" in flags:
+        return "avx2"
+    return "other"
+
+
+def auto_cpu_precision(flags: frozenset[str] | set[str], machine: str, int8_available: bool) -> str:
+    """`auto`'s precision on a CPU with these feature flags and this architecture (platform.machine()),
+    with or without ONNX Runtime (int8's engine): the first path of its AUTO_CPU_RULE row that can run.
+    An encoder that then cannot load the int8 model falls back to fp32 with a warning
+    (Encoder._load_onnx)."""
+    choices = dict(AUTO_CPU_RULE)[cpu_class(flags, machine)]
+    return next(p for p in choices if p != "int8" or int8_available)
 
 
 def int8_is_fast() -> bool:
-    """Whether `auto` runs the int8 encoder on this CPU: an x86-64 CPU with AVX2 (measured there)
-    and no bf16 units, with ONNX Runtime installed. ARM has int8 kernels too, but no figure of
-    ours: it stays on fp32 until one is measured."""
-    return platform.machine().lower() in ("x86_64", "amd64") and "avx2" in cpu_flags() and onnxruntime_installed()
+    """Whether `auto` runs the int8 encoder on this CPU (see AUTO_CPU_RULE)."""
+    return auto_cpu_precision(cpu_flags(), platform.machine(), onnxruntime_installed()) == "int8"
 
 
 def precision_for_index(index_precision: str, device: str) -> str:
