@@ -1,9 +1,11 @@
-"""The native encoder as an int8 ONNX Runtime model, for CPUs without bf16 units (AVX2, ARM).
+"""The native encoder as an int8 ONNX Runtime model: `auto`'s choice on x86 CPUs without AMX
+(AVX2, AVX-512; docs/precision.md).
 
-On such CPUs fp32 is already near the matmul peak, so speed has to come from cheaper arithmetic:
-ONNX Runtime multiplies u8 activations by s8 weights (dynamic, per-channel quantisation of every
-linear layer) and fuses bias + GELU and residual + LayerNorm. The model is exported once from the
-native torch encoder, optimised, quantised, and cached per weights fingerprint:
+There fp32 is already near the matmul peak (and AVX-512-BF16 without AMX is no faster), so speed
+has to come from cheaper arithmetic: ONNX Runtime multiplies u8 activations by s8 weights (dynamic,
+per-channel quantisation of every linear layer) and fuses bias + GELU (residual + LayerNorm stay
+apart: see UNFUSED). The model is exported once from the native torch encoder, optimised,
+quantised, and cached per weights fingerprint:
 
     $SEMSEARCH_CACHE (default $XDG_CACHE_HOME/semsearch, else ~/.cache/semsearch)/onnx/<key>.onnx
 
@@ -23,7 +25,11 @@ from semsearch.errors import ModelError
 
 log = logging.getLogger(__name__)
 
-FORMAT = "int8-v2"  # bump when the export or the quantisation recipe changes
+FORMAT = "int8-v3"  # bump when the export or the quantisation recipe changes (v3: residual + LayerNorm unfused)
+# ONNX Runtime's fused residual + LayerNorm kernel (SkipLayerNormalization) took 4-7x the time of a plain Add then
+# LayerNormalization on an AVX-512 CPU (ONNX Runtime 1.32, one thread: 58 vs 14 us at 22 tokens, 604 vs 84 us at
+# 256; 25% of a query's kernel time): the model keeps them apart, and the session does not fuse them back.
+UNFUSED = ["SkipLayerNormFusion"]
 # Inputs of at most this many tokens (a query; texts run one at a time) run on one thread: thread hand-offs cost more
 # than they save on so little work, and on a loaded machine a second thread may wait for a core.
 SMALL_TOKENS = 64
@@ -75,8 +81,12 @@ def build(folder: Path, out: Path) -> Path:
                               input_names=["input_ids", "attention_mask"], output_names=["states"],
                               dynamic_axes={n: {0: "B", 1: "T"} for n in ("input_ids", "attention_mask", "states")},
                               opset_version=17, dynamo=False)
+        from onnxruntime.transformers.fusion_options import FusionOptions
+
+        fusions = FusionOptions("bert")
+        fusions.enable_skip_layer_norm = fusions.enable_bias_skip_layer_norm = False  # see UNFUSED
         opt = optimize_model(str(raw), model_type="bert", num_heads=cfg.num_attention_heads,
-                             hidden_size=cfg.hidden_size, opt_level=0)
+                             hidden_size=cfg.hidden_size, opt_level=0, optimization_options=fusions)
         fused_attention = sum(n.op_type == "Attention" for n in opt.model.graph.node)
         if fused_attention != cfg.num_hidden_layers:  # still correct, only slower
             log.warning("ONNX Runtime fused %d of %d attention blocks; the int8 model will be slower", fused_attention, cfg.num_hidden_layers)
@@ -181,7 +191,7 @@ class OnnxStates:
             # wait on sleeping threads without it (measured: 25.1 vs 28.4 docs/s, 2 cores).
             so.add_session_config_entry("session.intra_op.allow_spinning", "1" if threads > 1 else "0")
             try:
-                s = ort.InferenceSession(str(self.path), so, providers=["CPUExecutionProvider"])
+                s = ort.InferenceSession(str(self.path), so, providers=["CPUExecutionProvider"], disabled_optimizers=UNFUSED)
             except Exception as e:  # noqa: BLE001 - ORT raises its own types; any of them means a bad file
                 raise ModelError(f"{self.path}: cannot load the cached int8 model ({e}); delete it to export it again") from e
             self._sessions[threads] = s
