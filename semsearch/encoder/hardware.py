@@ -92,9 +92,10 @@ def resolve_precision(precision: str, device: str) -> str:
 AUTO_CPU_RULE: tuple[tuple[str, tuple[str, ...]], ...] = (
     # AMX: bf16 3.41x sentence-transformers on documents, int8 2.13x (not measured again since).
     ("amx", ("bf16",)),
-    # AVX-512 with bf16 and VNNI, no AMX: int8 faster than bf16 on documents and on queries,
-    # nDCG@10 within 0.3 of fp32; bf16 (faster than fp32 there) where int8 cannot run.
-    ("avx512_bf16", ("int8", "bf16", "fp32")),
+    # AVX-512 with bf16 and VNNI, no AMX: int8 2.2-2.7x documents, 2.1-3.0x queries; bf16 no faster
+    # than fp32 on documents and slower on queries (its matmul peak is below fp32's), so fp32 is
+    # next where int8 cannot run. nDCG@10 of all three within 0.3 of fp32.
+    ("avx512_bf16", ("int8", "fp32")),
     # AVX2 (and AVX-512 without bf16 units, not measured: as before): int8 1.8x documents, 2.1x queries.
     ("avx2", ("int8", "fp32")),
     # ARM and older x86: no int8 or bf16 figure of ours.
