@@ -12,6 +12,7 @@ import torch
 from semsearch import fusion as fusion_
 from semsearch.encoder import Encoder
 from semsearch.encoder.pooling import AttentionHead
+from semsearch import explain as explain_
 from semsearch.explain import format_explanation
 from semsearch.indexing import index_corpus
 from semsearch.search import Retriever
@@ -236,3 +237,67 @@ def test_format_explanation(mean_index, real_encoder):
     out = format_explanation(lexical, color=False)
     assert "dense" not in out and "{{" in out and "bm25" in out
     assert format_explanation(r.search("loan", k=1)[0], color=False) == ""
+
+
+# ---- the fast paths give what the plain ones give ---------------------------------------------
+TRICKY = [
+    "Most personal loan decisions are made within one business day.",
+    "Tabs\tand\nnew lines\r\nand  double  spaces; punctuation!? (brackets) [1], x_y, 3.5%",
+    "The [MASK] token, [cls] in lower case and [SEP] in the text itself.",
+    "Caf\u00e9 cr\u00e8me, na\u00efve r\u00e9sum\u00e9, \u03b1-helix \u00d7 2, \u4e2d\u6587 text",
+    "a vertical\x0btab and a form\x0cfeed, a bell\x07 and a delete\x7f",
+    "",
+    "antidisestablishmentarianism hyperparathyroidism " * 80,  # word pieces, and past the max length
+]
+
+
+def test_batched_tokenizing_is_the_tokenizers_own(real_encoder):
+    """_encodings (plain ASCII through a copy without the normaliser, the rest as is) gives the
+    very tokens, offsets and special marks of the encoder's tokenizer."""
+    texts = TRICKY + [p.read_text(encoding="utf-8") for p in sorted((SAMPLE / "banking").glob("*"))[:5]]
+    ours = explain_._encodings(real_encoder, texts)
+    theirs = real_encoder.tokenizer.encode_batch(texts)
+    for a, b in zip(ours, theirs):
+        assert (a.ids, a.tokens, a.offsets, a.special_tokens_mask) == (b.ids, b.tokens, b.offsets, b.special_tokens_mask)
+    assert len(theirs[-1 - 5].ids) == real_encoder.max_length  # the long text was truncated alike
+
+
+def _reference_words(text, tokens):
+    """Word spans as a loop over the tokens merges them (a word's '##' pieces into it)."""
+    words, cur = [], None
+    for t in tokens:
+        if t["start"] is None:
+            continue
+        if cur is not None and t["token"].startswith("##") and t["start"] == cur[1]:
+            cur[1] = t["end"]
+            cur[2] += t["contribution"]
+        else:
+            cur = [t["start"], t["end"], t["contribution"]]
+            words.append(cur)
+    return [{"start": a, "end": b, "text": text[a:b], "contribution": x} for a, b, x in words if b > a]
+
+
+def test_word_spans_are_the_token_loops(mean_index, real_encoder):
+    r = Retriever.load(mean_index, encoder=real_encoder)
+    for q in QUERIES:
+        for h in r.search(q, k=5, mode="hybrid", explain=True):
+            d = h.explanation["dense"]
+            assert d["spans"] == _reference_words(h.text, d["tokens"])  # the same sums, to the last bit
+            assert [t["token"] for t in d["tokens"]] == real_encoder.tokenizer.encode(h.text).tokens
+
+
+def test_fp16_states_widen_exactly():
+    bits = np.arange(0, 1 << 16, dtype=np.uint32).astype(np.uint16)  # every fp16 value, NaNs and infinities too
+    a = np.concatenate([bits, bits[:1000]]).view(np.float16).reshape(-1, 8)
+    wide, plain = explain_._widen(a), a.astype(np.float32)
+    num = ~np.isnan(plain)  # (a signalling NaN may come back quiet: a NaN either way)
+    assert wide.dtype == np.float32 and np.array_equal(wide.view(np.uint32)[num], plain.view(np.uint32)[num])
+    assert np.isnan(wide[~num]).all()
+
+
+def test_ascii_word_split_is_the_pattern():
+    texts = TRICKY + [p.read_text(encoding="utf-8") for p in sorted((SAMPLE / "cooking").glob("*"))]
+    for t in texts:
+        low = t.lower()
+        if low.isascii():
+            assert set(low.translate(explain_._NOT_WORD).split()) == set(explain_._WORD.findall(low))
