@@ -66,6 +66,10 @@ def faiss_gpus() -> int:
     """How many GPUs faiss can use here: 0 with faiss-cpu, or with faiss-gpu and no GPU."""
     import faiss
 
+    from semsearch.store.faiss_info import check_distributions
+
+    check_distributions()  # warns (once) when faiss-cpu and a GPU faiss are both installed
+
     if not hasattr(faiss, "StandardGpuResources"):
         return 0
     try:
