@@ -7,6 +7,7 @@ import os
 import sys
 
 from semsearch.api import search_modes
+from semsearch.store.faiss_info import describe, faiss_build
 
 
 def skipped_lines(report, shown: int = 50) -> list[str]:
@@ -63,6 +64,7 @@ def info_rows(folder, m) -> list[tuple[str, object]]:
                      f"{last.get('unchanged', 0)} unchanged; {last.get('chunks', 0)} chunks in {last.get('seconds', 0):.1f} s"),
     ]
     rows.append(("search modes", search_modes(folder, m)))
+    rows.append(("faiss", describe(faiss_build())))  # the faiss loaded here, not the one the index was built with
     if m.index.get("params"):
         rows.append(("index params", json.dumps(m.index["params"])))
     if m.index.get("recall"):

@@ -87,6 +87,16 @@ def test_info(sample_index):
     assert json.loads(r.output)["format_version"] == 1
 
 
+def test_info_says_which_faiss_is_loaded(sample_index):
+    import faiss
+
+    r = run("info", "--index", sample_index)
+    assert r.exit_code == 0, r.output
+    line = next(line for line in r.output.splitlines() if line.startswith("faiss "))
+    build = "GPU build" if hasattr(faiss, "StandardGpuResources") else "CPU build"
+    assert f"{faiss.__version__}, {build} (" in line and "GPUs seen: " in line
+
+
 def test_python_api(sample_index):
     import semsearch
 
