@@ -43,6 +43,7 @@ import numpy as np
 
 from semsearch.errors import (DocumentNotFound, IndexFormatError, IndexLocked, InputError, SemsearchError,
                               SettingsMismatch)
+from semsearch.store.faiss_info import faiss_build
 
 log = logging.getLogger(__name__)
 
@@ -601,7 +602,9 @@ def create_app(service: Service, limits: Limits | None = None, read_only: bool =
     @app.get("/health")
     async def health():
         r = await current()
-        return {"status": "ok", "generation": r.manifest.generation, "chunks": len(r)}
+        fb = faiss_build()
+        return {"status": "ok", "generation": r.manifest.generation, "chunks": len(r),
+                "faiss": {"version": fb["version"], "gpu_build": fb["gpu_build"], "gpus": fb["gpus"]}}
 
     @app.get("/info")
     async def info():

@@ -325,6 +325,17 @@ def test_api_documents_keep_token_states_where_the_index_does(small_corpus, tmp_
     assert refs and all(r[1] is not None and r[3] > 0 for r in refs)
 
 
+def test_health_says_which_faiss_is_loaded(fake_server):
+    import faiss
+
+    url, _ = fake_server
+    h = httpx.get(url + "/health", timeout=30).json()
+    assert h["status"] == "ok" and "generation" in h and "chunks" in h  # the existing fields stay
+    f = h["faiss"]
+    assert f["version"] == faiss.__version__ and f["gpu_build"] == hasattr(faiss, "StandardGpuResources")
+    assert isinstance(f["gpus"], int) and (f["gpu_build"] or f["gpus"] == 0)
+
+
 @pytest.mark.skipif(not HAS_WHERE, reason="Retriever.search_batch has no `where` yet (issue #9)")
 def test_where_passes_through(fake_server):
     url, _ = fake_server
