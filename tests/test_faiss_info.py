@@ -89,3 +89,14 @@ def test_install_gpu_script_check_mode():
     assert f"faiss {info['version']}" in out
     if info["gpus"] == 0:
         assert "CPU fallback: ok" in out
+
+
+def test_gpu_extra_installs_no_second_faiss():
+    """`pip install 'semsearch[gpu]'` must not add a faiss beside the core faiss-cpu."""
+    import re
+
+    tomllib = pytest.importorskip("tomllib")
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    names = [re.split(r"[\s<>=!~;\[@]", r, maxsplit=1)[0] for r in project["optional-dependencies"]["gpu"]]
+    assert names and fi.faiss_distributions(names) == []
+    assert fi.faiss_distributions(re.split(r"[\s<>=!~;\[@]", r, maxsplit=1)[0] for r in project["dependencies"]) == ["faiss-cpu"]
