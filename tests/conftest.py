@@ -5,7 +5,11 @@ import hashlib
 import os
 import re
 import shutil
+import socket
 import tempfile
+import threading
+import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -82,3 +86,26 @@ def small_corpus(tmp_path: Path) -> Path:
     (root / "cook.md").write_text("# Soup\nSimmer lentils with onion and cumin for twenty minutes.\n")
     (root / "space.txt").write_text("Meteor showers happen when Earth crosses a comet's debris trail.\n")
     return root
+
+
+@contextmanager
+def running(app):
+    """A real uvicorn server for an ASGI app on a free loopback port; yields its base URL."""
+    import uvicorn
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    t = threading.Thread(target=server.run, daemon=True)
+    t.start()
+    deadline = time.time() + 30
+    while not server.started:
+        if time.time() > deadline or not t.is_alive():
+            raise RuntimeError("the test server did not start")
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        t.join(10)

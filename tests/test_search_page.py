@@ -4,10 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
-import threading
-import time
-from contextlib import contextmanager
 
 import pytest
 
@@ -19,34 +15,13 @@ from semsearch.documents import Document, upsert_documents  # noqa: E402
 from semsearch.indexing import index_corpus  # noqa: E402
 from semsearch.serve import Limits, Service, create_app  # noqa: E402
 
-from conftest import SAMPLE  # noqa: E402
+from conftest import SAMPLE, running  # noqa: E402
 
 KEY = "page-test-key-0123456789abcdef"
 EVIL = ("Loan officers keep notes in plain text. <script>window.pwned=1</script> "
         "<img src=x onerror=\"window.pwned=2\"> The notes say the decision took one day.")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
-
-
-@contextmanager
-def running(app):
-    """A uvicorn server for app on a free loopback port; yields its base URL."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    t = threading.Thread(target=server.run, daemon=True)
-    t.start()
-    deadline = time.time() + 30
-    while not server.started:
-        if time.time() > deadline or not t.is_alive():
-            raise RuntimeError("the test server did not start")
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        t.join(10)
 
 
 @pytest.fixture(scope="module")

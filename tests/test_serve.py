@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import base64
 import inspect
-import socket
 import threading
 import time
-from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -27,31 +25,10 @@ from semsearch.serve import Limits, Service, create_app  # noqa: E402
 from semsearch.store import Manifest, open_index  # noqa: E402
 from semsearch.store.folder import IndexWriter  # noqa: E402
 
-from conftest import SAMPLE, FakeEncoder  # noqa: E402
+from conftest import SAMPLE, FakeEncoder, running  # noqa: E402
 
 HAS_MODE = "mode" in inspect.signature(Retriever.search_batch).parameters
 HAS_WHERE = "where" in inspect.signature(Retriever.search_batch).parameters
-
-
-@contextmanager
-def running(app):
-    """A uvicorn server for app on a free loopback port; yields its base URL."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    t = threading.Thread(target=server.run, daemon=True)
-    t.start()
-    deadline = time.time() + 20
-    while not server.started:
-        if time.time() > deadline or not t.is_alive():
-            raise RuntimeError("the test server did not start")
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        t.join(10)
 
 
 @pytest.fixture(scope="module")

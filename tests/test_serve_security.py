@@ -26,7 +26,7 @@ from semsearch.store import Manifest  # noqa: E402
 from semsearch.store.folder import IndexWriter  # noqa: E402
 
 from conftest import SAMPLE, FakeEncoder  # noqa: E402
-from test_serve import running  # noqa: E402
+from conftest import running  # noqa: E402
 
 KEY = "test-key-0123456789abcdefghijklmnop"
 AUTH = {"Authorization": f"Bearer {KEY}"}
