@@ -87,7 +87,7 @@ def main(verbose: bool) -> None:
     semsearch query "loan approval"       ranked hits as a table
     semsearch info                        what the index holds
     semsearch eval DATASET --pooling cls,mean,max    retrieval quality on BEIR data
-    semsearch train --beir DATASET --out heads/x     train a pooling head
+    semsearch train --beir DATASET --out heads/x     fine-tune the query encoder
     semsearch serve                       search and embeddings over HTTP
     """
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s: %(message)s", stream=sys.stderr)
