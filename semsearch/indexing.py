@@ -219,7 +219,8 @@ def finalize_vectors(writer: IndexWriter, dim: int, vs: VectorSettings, base: Ma
         vi = writer.vectors = VectorIndex.build(dim, kind, writer.docs.iter_vectors(), n, params,
                                                 device=resolve_index_device(vs.device))
         trained_on = n
-    entry: dict[str, Any] = {"type": kind, "forced": vs.index_type != "auto", "params": vi.params,
+    # A type the user forced stays forced through later writes that ask for nothing (upserts).
+    entry: dict[str, Any] = {"type": kind, "forced": requested != "auto", "params": vi.params,
                              "trained_on": trained_on, "bytes_per_vector": bytes_per_vector(kind, dim),
                              "built_on": vi.built_on if rebuild else (base.index.get("built_on", "cpu") if base else "cpu")}
     if kind != "flat" and n > vs.k:

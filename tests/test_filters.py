@@ -126,3 +126,17 @@ def test_query_cli_where(sample_copy, tmp_path, fake_encoder):
     assert md and all(h.path.endswith(".md") for h in md)
     run = CliRunner().invoke(main, ["query", "loan", "--index", str(folder), "--where", "n>=x"])
     assert run.exit_code == 1 and "needs a number" in run.output
+
+
+def test_a_forced_index_type_survives_later_writes(tmp_path, fake_encoder):
+    from semsearch.documents import Document, upsert_documents
+
+    corpus = tmp_path / "c"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("Loans are approved within a day.\n")
+    folder = tmp_path / "idx"
+    index_corpus(corpus, folder, fake_encoder, progress=False, vectors=VectorSettings(index_type="hnsw"))
+    for i in range(3):  # each write asks for nothing: the type and the flag stay
+        upsert_documents(folder, [Document(f"d{i}", f"note number {i} about soup")], fake_encoder)
+        m = Manifest.load(folder)
+        assert m.index["type"] == "hnsw" and m.index["forced"], (i, m.index)
