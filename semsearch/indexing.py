@@ -277,6 +277,13 @@ def index_corpus(
     keep_states = keep_states or bool(base and base.states)
 
     report = IndexReport(index=str(folder), skipped=dict(found.skipped))
+    if base is not None and not (needs_repool or checksum) and _nothing_to_do(folder, base, found.files, corpus.resolve(),
+                                                                               encoder, vectors, keep_states):
+        # Every file as the index holds it, the settings the same: no new generation (a run over a
+        # large unchanged index used to copy its docstore and publish one).
+        report.unchanged, report.totals = len(found.files), dict(base.counts)
+        report.seconds = time.perf_counter() - t0
+        return report
     writer = IndexWriter(folder, encoder.out_dim, base)
     cache = None
     try:
@@ -324,6 +331,45 @@ def index_corpus(
     if cache is not None:
         cache.drop()
     return report
+
+
+def _nothing_to_do(folder: Path, base: Manifest, files, root: Path, encoder, vectors: VectorSettings | None,
+                   keep_states: bool) -> bool:
+    """Whether a run would change nothing: the same head, states and vector settings, no
+    interrupted run to finish, the lexical side present, and every walked file stored with the
+    same size, times and inode, none gone. Read-only: the docstore is only opened."""
+    from semsearch.store import integrity
+    from semsearch.store.docstore import DocStore
+
+    integrity.check_files(folder, base)  # a damaged index is reported as a writing run would report it
+    vs = vectors or VectorSettings()
+    if _new_head(base, encoder) is not None or (keep_states and not base.states) or (folder / "resume.sqlite").exists():
+        return False
+    forced_same = vs.index_type == base.index.get("type") and base.index.get("forced")
+    if not (vs.index_type == "auto" or forced_same) or vs.max_bytes_per_vector is not None:
+        return False
+    if vs.target_recall != (base.index.get("recall") or {}).get("target", VectorSettings.target_recall):
+        return False
+    try:
+        docs = DocStore(folder / base.files["docs"], readonly=True)
+    except sqlite3.Error:
+        return False
+    try:
+        if "lex" not in {r[1] for r in docs.db.execute("PRAGMA table_info(chunks)")}:
+            return False
+        stored = docs.files()
+    except sqlite3.Error:
+        return False
+    finally:
+        docs.close()
+    seen = set()
+    for f in files:
+        old = stored.get(str(f.path))
+        if old is None or not same_stat(old, f):
+            return False
+        seen.add(str(f.path))
+    prefix = str(root).rstrip("/") + "/" if root.is_dir() else None
+    return not any(key not in seen and prefix is not None and key.startswith(prefix) for key in stored)
 
 
 def _new_head(base: Manifest | None, encoder) -> str | None:

@@ -291,3 +291,26 @@ def test_query_process_does_not_import_torch(sample_index):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["hits"][0]["rank"] == 1
+
+
+def test_a_run_that_changes_nothing_publishes_nothing(tmp_path, fake_encoder):
+    import shutil
+
+    from semsearch.indexing import index_corpus
+
+    corpus = tmp_path / "c"
+    shutil.copytree(SAMPLE, corpus)
+    folder = tmp_path / "idx"
+    index_corpus(corpus, folder, fake_encoder, progress=False)
+    before = Manifest.load(folder)
+    files = sorted(p.name for p in folder.iterdir())
+    rep = index_corpus(corpus, folder, fake_encoder, progress=False)
+    assert (rep.added, rep.updated, rep.removed, rep.chunks) == (0, 0, 0, 0) and rep.unchanged == before.counts["files"]
+    assert Manifest.load(folder).generation == before.generation and sorted(p.name for p in folder.iterdir()) == files
+    assert rep.totals == before.counts
+    (corpus / "meteor_showers.txt").write_text("Meteors streak across the night sky in August.\n")
+    rep = index_corpus(corpus, folder, fake_encoder, progress=False)
+    assert rep.updated == 1 and Manifest.load(folder).generation == before.generation + 1
+    (corpus / "meteor_showers.txt").unlink()
+    rep = index_corpus(corpus, folder, fake_encoder, progress=False)
+    assert rep.removed == 1 and Manifest.load(folder).generation == before.generation + 2
