@@ -6,8 +6,6 @@ import json
 import os
 import sys
 
-from semsearch.api import search_modes
-from semsearch.store.faiss_info import describe, faiss_build
 
 
 def skipped_lines(report, shown: int = 50) -> list[str]:
@@ -63,6 +61,10 @@ def info_rows(folder, m) -> list[tuple[str, object]]:
         ("last run", f"{last.get('added', 0)} added, {last.get('updated', 0)} updated, {last.get('removed', 0)} removed, "
                      f"{last.get('unchanged', 0)} unchanged; {last.get('chunks', 0)} chunks in {last.get('seconds', 0):.1f} s"),
     ]
+    # Imported here: `semsearch --help` and other commands do not load faiss and numpy for it.
+    from semsearch.api import search_modes
+    from semsearch.store.faiss_info import describe, faiss_build
+
     rows.append(("search modes", search_modes(folder, m)))
     rows.append(("faiss", describe(faiss_build())))  # the faiss loaded here, not the one the index was built with
     if m.index.get("params"):
