@@ -160,7 +160,7 @@ class Retriever:
     @property
     def default_mode(self) -> str:
         """hybrid where the index has its lexical side (measured best on SciFact), else dense."""
-        return "hybrid" if self._gen.lexical(self.folder, required=False) is not None else "dense"
+        return self._gen.default_mode(self.folder)
 
     def search(self, query: str, k: int = 10, mode: str | None = None, where: Any = None,
                fusion: str = "convex", alpha: float | None = None, explain: bool = False) -> list[Hit]:
@@ -192,7 +192,7 @@ class Retriever:
         if self.auto_refresh and manifest_stamp(self.folder) != self._stamp:
             self.refresh()
         g = self._gen
-        mode = fusion_.check_mode(mode or ("hybrid" if g.lexical(self.folder, required=False) is not None else "dense"))
+        mode = fusion_.check_mode(mode or g.default_mode(self.folder))
         fusion_.check_fusion(fusion)
         if not queries:
             return []
@@ -250,6 +250,9 @@ class _Generation:
         self._lex_lock = threading.Lock()
         self._lex_loaded = False
         self._lex = None
+
+    def default_mode(self, folder: Path) -> str:
+        return "hybrid" if self.lexical(folder, required=False) is not None else "dense"
 
     def lexical(self, folder: Path, required: bool = True):
         if not self._lex_loaded:

@@ -176,10 +176,6 @@ class LexicalIndex:
         acc = self.score_all(query)
         return {int(i): float(acc[p]) for i, p, k in zip(ids, pos, known) if k}
 
-    def mask(self, ids: np.ndarray) -> np.ndarray:
-        """A boolean mask over rows: True for the given ids."""
-        return np.isin(self.ids, np.asarray(ids, np.int64), assume_unique=False)
-
 
 # ---- persistence in the docstore ------------------------------------------------------------
 ARRAYS = ("ids", "lengths", "vocab", "indptr", "postings", "tfs")
