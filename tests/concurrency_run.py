@@ -3,7 +3,7 @@ interleaved, against one index; report what went wrong as JSON on stdout.
 
     python tests/concurrency_run.py INDEX_FOLDER SURFACE [SURFACE ...]
 
-Surfaces: retriever, asyncio, http, langchain, llamaindex, haystack. tests/test_concurrency.py
+Surfaces: retriever, asyncio, explain (Retriever.search with explain=True), http, langchain, llamaindex, haystack. tests/test_concurrency.py
 runs this in a child process with a time limit, because a deadlock inside SQLite can hold the
 interpreter's lock: a test in the same process could then not even notice that it hangs.
 
@@ -32,15 +32,6 @@ EXTRA_ID = "zz-extra"
 EXTRA_TEXT = "Qwxv plorb zintafex grumbleworts vorpal snicker-snack."
 THREADS = 8
 ROUNDS = 3
-
-
-AS_DICT = {repr(["year>=2005", "year<2020", "lang=en"]): {"year": {">=": 2005, "<": 2020}, "lang": "en"},
-           repr("path:*.md"): {"$path": "*.md"}}
-
-
-def as_dict(where):
-    """The dict spelling of a `where` (the HTTP API and the adapters take dicts)."""
-    return AS_DICT.get(repr(where), where)
 
 
 def calls():
@@ -80,14 +71,17 @@ class Checker:
 
 
 # ---- the surfaces: each gives (name, fn(call) -> [(id, score)], async fn or None) ------------------
-def retriever_surface(folder):
+def retriever_surface(folder, explain: bool = False):
     from semsearch.search import Retriever
 
     r = Retriever.load(folder)
 
     def run(call):
         q, m, w = call
-        return key((h.path, h.chunk, h.score) for h in r.search(q, 5, mode=m, where=w))
+        hits = r.search(q, 5, mode=m, where=w, explain=explain)
+        if explain and any(h.explanation is None for h in hits):
+            raise AssertionError("a hit without its explanation")
+        return key((h.path, h.chunk, h.score) for h in hits)
 
     return run
 
@@ -117,10 +111,11 @@ def http_surface(folder):
         q, m, w = call
         if not hasattr(local, "client"):
             local.client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60, headers=_auth())
-        body = {"query": q, "k": 5, "mode": m}
-        if w is not None:
-            body["where"] = as_dict(w)
-        resp = local.client.post("/search", json=body)
+        if w is None or isinstance(w, (str, list)):  # GET /search, the CLI's conditions as where=...
+            conds = [] if w is None else [w] if isinstance(w, str) else w
+            resp = local.client.get("/search", params=[("q", q), ("k", 5), ("mode", m)] + [("where", c) for c in conds])
+        else:
+            resp = local.client.post("/search", json={"query": q, "k": 5, "mode": m, "where": w})
         if resp.status_code != 200:
             raise RuntimeError(f"HTTP {resp.status_code}: {resp.text[:300]}")
         return key((h["path"], h["chunk"], h["score"]) for h in resp.json()["hits"])
@@ -251,8 +246,8 @@ def main() -> None:
     checker = Checker()
     runners: dict[str, tuple] = {}
     for s in surfaces:
-        if s in ("retriever", "asyncio"):
-            run = retriever_surface(folder)
+        if s in ("retriever", "asyncio", "explain"):
+            run = retriever_surface(folder, explain=s == "explain")
             runners[s] = (run, None)
         elif s == "http":
             runners[s] = (http_surface(folder), None)
@@ -283,7 +278,6 @@ def main() -> None:
             for c in calls():
                 checker.add_ref(s, c, run(c))
     write(False)
-    del enc
 
     stop = threading.Event()
     counts = {"writes": 0}
