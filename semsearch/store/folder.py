@@ -41,7 +41,7 @@ def open_index(folder: Path, device: str = "cpu") -> tuple[Manifest, VectorIndex
         stamp = manifest_stamp(folder)
         try:
             return _open_generation(folder, device)
-        except IndexFormatError:
+        except (IndexFormatError, FileNotFoundError):  # a file checked or opened after the writer removed it
             if manifest_stamp(folder) == stamp:
                 raise
     return _open_generation(folder, device)
