@@ -373,13 +373,11 @@ def verify(index: str | os.PathLike | None = None) -> list[str]:
 
 def search_modes(folder: Path, manifest) -> str:
     """The search modes an index offers, read from its docstore (for `semsearch info`)."""
-    from semsearch.store.docstore import DocStore
     from semsearch.store.lexical import ANALYZER
+    from semsearch.store.segments import has_lexical as lexical_in
 
     try:
-        docs = DocStore(folder / manifest.files["docs"], readonly=True)
-        has_lexical = "lex" in {r[1] for r in docs.db.execute("PRAGMA table_info(chunks)")}
-        docs.close()
+        has_lexical = lexical_in(folder, manifest)
     except Exception as e:  # noqa: BLE001 - info reports, it does not fail on a damaged docstore
         return f"unknown (cannot read the docstore: {e})"
     if has_lexical:

@@ -231,7 +231,7 @@ def info(index, as_json, verify):
         problems = verify_index(folder)
         if problems:
             raise IndexFormatError(problems[0] + (f" (and {len(problems) - 1} more problem(s))" if len(problems) > 1 else ""))
-        click.echo(f"verified: {folder} is whole ({', '.join(m.files.values())}: hashes, SQLite integrity, ids)", err=True)
+        click.echo(f"verified: {folder} is whole ({len(m.segments)} segment(s), {len(m.data_files())} data files: hashes, SQLite integrity, ids)", err=True)
     if as_json:
         click.echo(m.to_json())
         return
@@ -244,6 +244,29 @@ def info(index, as_json, verify):
     w = max(len(k) for k, _ in rows)
     for key, val in rows:
         click.echo(f"{key:<{w}}  {val}")
+
+
+@main.command()
+@index_option
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@handle_errors
+def compact(index, as_json):
+    """Merge an index's segments into one, without its deleted chunks.
+
+    Writes add small segments and record deletions beside them; a merge policy keeps their
+    number bounded as part of later writes. This does all the merging at once, as one new
+    generation (readers keep the previous one until it is published): before copying the index
+    elsewhere, or after deleting much of it.
+    """
+    from semsearch.store import index_path
+    from semsearch.store.folder import compact as compact_index
+
+    out = compact_index(index_path(index))
+    if as_json:
+        click.echo(json.dumps(out))
+    else:
+        click.echo(f"{out['segments_before']} segment(s) -> {out['segments']}; {out['chunks']} chunks "
+                   f"({out['rows_before'] - out['chunks']} deleted dropped) in {out['seconds']:.2f} s")
 
 
 @main.command("eval")

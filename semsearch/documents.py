@@ -5,9 +5,10 @@ its chunks, so it is searched, chunked, kept and rebuilt exactly like a file's. 
 `semsearch index CORPUS` only removes files under CORPUS, never `api:` documents; `--rebuild`
 starts from nothing and drops them too.
 
-Every call is one write of the index folder: it takes the writer lock, builds the next generation
-from the current one (copying the docstore: the cost grows with the index, so send documents in
-batches) and publishes it with one rename. Readers keep the previous generation until then.
+Every call is one write of the index folder: it takes the writer lock, writes one small segment
+with the new chunks and the tombstones of what it replaces or deletes (semsearch/store/segments.py:
+the cost is that of the change, not of the index) and publishes them with one rename. Readers
+keep the previous generation until then.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from semsearch.corpus.chunking import ChunkSettings, chunk_text, line_of
-from semsearch.errors import DocumentNotFound, InputError, SettingsMismatch
+from semsearch.errors import DocumentNotFound, IndexFormatError, InputError, SettingsMismatch
 from semsearch.store.docstore import ChunkRow
 from semsearch.store.folder import IndexWriter, now
 from semsearch.store.manifest import Manifest
@@ -136,7 +137,7 @@ def upsert_documents(folder: str | Path, docs: Iterable[Document], encoder, flus
         return report
     with _new_generation(folder, base, report, t0) as writer:
         store = writer.docs
-        stored = store.files()
+        stored = store.find_files([doc_path(d.id) for d in docs])
         pending: list[ChunkRow] = []
 
         def flush() -> None:
@@ -182,23 +183,27 @@ def upsert_documents(folder: str | Path, docs: Iterable[Document], encoder, flus
 def _stored_hashes(folder: Path, base: Manifest, paths: list[str]) -> dict[str, str] | None:
     """The content hashes of these docstore paths in generation `base` (read-only), by path;
     None when that generation cannot be read any more (a newer one replaced it meanwhile)."""
-    from semsearch.store.docstore import DocStore
-    from semsearch.store.files import DB_ERRORS
+    from semsearch.store.files import DB_ERRORS, connect_readonly
+    from semsearch.store.segments import Tombstones
 
-    try:
-        store = DocStore(folder / base.files["docs"], readonly=True)
-    except (KeyError, OSError, *DB_ERRORS):
-        return None
-    try:
-        out: dict[str, str] = {}
-        for at in range(0, len(paths), 500):
-            part = paths[at : at + 500]
-            out.update(store.db.execute(f"SELECT path, hash FROM files WHERE path IN ({','.join('?' * len(part))})", part))
-        return out
-    except DB_ERRORS:
-        return None
-    finally:
-        store.close()
+    out: dict[str, str] = {}
+    for e in base.segments:
+        try:
+            db = connect_readonly(folder / e["docs"])
+        except (OSError, *DB_ERRORS):
+            return None
+        try:
+            dead = Tombstones.load(folder / e["deletes"]).files if e.get("deletes") else None
+            for at in range(0, len(paths), 500):
+                part = paths[at : at + 500]
+                for fid, path, h in db.execute(f"SELECT id, path, hash FROM files WHERE path IN ({','.join('?' * len(part))})", part):
+                    if dead is None or fid not in dead:
+                        out[path] = h
+        except (*DB_ERRORS, IndexFormatError):
+            return None
+        finally:
+            db.close()
+    return out
 
 
 def stored_documents(store, ids: Iterable[str]) -> dict[str, Document]:
@@ -210,9 +215,9 @@ def stored_documents(store, ids: Iterable[str]) -> dict[str, Document]:
     parts: dict[str, list[tuple]] = {}
     for at in range(0, len(paths), 500):
         part = paths[at : at + 500]
-        rows = store.db.execute("SELECT f.path, c.start, c.end, c.text, c.metadata FROM files f JOIN chunks c ON c.file_id = f.id"
-                                f" WHERE f.path IN ({','.join('?' * len(part))}) ORDER BY c.ord", part).fetchall()
-        for path, *chunk in rows:
+        rows = sorted(store.select("f.path, c.ord, c.start, c.end, c.text, c.metadata",
+                                   f"f.path IN ({','.join('?' * len(part))})", tuple(part)), key=lambda r: (r[1], r[2]))
+        for _, path, _, *chunk in rows:
             parts.setdefault(path, []).append(chunk)
     out: dict[str, Document] = {}
     for path in paths:
@@ -239,7 +244,7 @@ def delete_documents(folder: str | Path, ids: Iterable[str], missing_ok: bool = 
     base = Manifest.load(folder)
     report = WriteReport()
     with _new_generation(folder, base, report, t0) as writer:
-        stored = writer.docs.files()
+        stored = writer.docs.find_files([doc_path(i) for i in ids])
         missing = [i for i in ids if doc_path(i) not in stored]
         if missing and not missing_ok:
             raise DocumentNotFound(f"no document with id {missing[0]!r} in {folder}")
@@ -272,7 +277,8 @@ def _new_generation(folder: Path, base: Manifest, report: WriteReport, t0: float
 def _commit(writer: IndexWriter, base: Manifest) -> None:
     from semsearch.indexing import VectorSettings, finalize_vectors
 
-    entry = finalize_vectors(writer, base.dim, VectorSettings(), base)
+    target = (base.index.get("recall") or {}).get("target", VectorSettings.target_recall)
+    entry = finalize_vectors(writer, base.dim, VectorSettings(target_recall=target), base)
     # The manifest stays the index run's (its settings and last run); only what changed is new.
     manifest = dataclasses.replace(base, counts=writer.docs.counts(), index=entry)
     writer.commit(manifest)

@@ -371,7 +371,7 @@ DOCUMENT_NAMED_EXTS = {".pdf", ".html", ".htm", ".xhtml", ".docx", ".txt", ".md"
 
 def _chunk_doc_ids(retriever, id_field: str) -> dict[int, str]:
     out = {}
-    for cid, meta, row, path in retriever.docs.db.execute("SELECT c.id, c.metadata, c.row, f.path FROM chunks c JOIN files f ON f.id = c.file_id"):
+    for cid, meta, row, path in retriever.docs.select("c.metadata, c.row, f.path"):
         m = json.loads(meta) if meta else {}
         if id_field in m:
             out[cid] = str(m[id_field])

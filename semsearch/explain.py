@@ -194,10 +194,8 @@ def _kept_states(g, folder: Path, ids: Sequence[int]) -> dict[int, np.ndarray]:
     st = g.manifest.states
     if not st or not ids:
         return {}
-    marks = ",".join("?" * len(ids))
     try:
-        rows = g.docs.db.execute(f"SELECT id, state_file, state_off, state_len FROM chunks WHERE id IN ({marks})",
-                                 [int(i) for i in ids]).fetchall()
+        rows = g.docs.state_refs(ids)
     except Exception:  # noqa: BLE001 - a docstore without the columns: encode instead
         return {}
     dim = int(st["dim"])
@@ -420,10 +418,10 @@ class QueryTerms:
                 ws = self.words.setdefault(lexical_._term(w), [])
                 if w not in ws:
                     ws.append(w)
-        self.vocab_pos = lex._query_terms(query)  # the terms the index holds, as score_all() adds them
+        self.hashes = lex.query_hashes(query)  # in the order score_all() adds them
         self.known: set[str] = set()  # text words looked at so far
         self.match: dict[str, int] = {}  # ... those whose term is one of the query's: their term's hash
-        self.average_length = float(lex.lengths.mean()) if len(lex.lengths) else 0.0
+        self.average_length = float(lex.average_length) if len(lex) else 0.0
 
     def learn(self, words: set[str]) -> None:
         """Look at the words not seen before (set arithmetic, then one lookup a new word)."""
@@ -505,26 +503,12 @@ def explain_lexical_many(lex, query: str | QueryTerms, hits: Sequence[tuple[int,
     qt = query if isinstance(query, QueryTerms) else QueryTerms(lex, query)
     n = len(hits)
     cids = np.fromiter((int(c) for c, _, _ in hits), np.int64, n)
-    if len(lex.ids):
-        pos = np.searchsorted(lex.ids, cids)
-        held = (pos < len(lex.ids)) & (lex.ids[pos.clip(0, len(lex.ids) - 1)] == cids)
-    else:
-        pos, held = np.zeros(n, np.int64), np.zeros(n, bool)
-    # per query term: its name, idf, and each chunk's part and count (a term's postings are in row order)
-    cols, hashes = [], set()
-    last = len(lex.postings) - 1
-    for v in qt.vocab_pos.tolist():
-        h = int(lex.vocab[v])
-        hashes.add(h)
-        lo, hi = int(lex.indptr[v]), int(lex.indptr[v + 1])
-        j = lo + np.searchsorted(lex.postings[lo:hi], pos)
-        jj = j.clip(0, max(last, 0))
-        found = held & (j < hi) & (lex.postings[jj] == pos) if last >= 0 else np.zeros(n, bool)
-        c = [float(x) if f else 0.0 for x, f in zip(lex.weights[jj].tolist(), found.tolist())]
-        tf = [int(x) if f else 0 for x, f in zip(lex.tfs[jj].tolist(), found.tolist())]
-        cols.append((h, " / ".join(qt.words.get(h, ["?"])), float(lex.idf[v]), c, tf))
+    _, held = lex.rows_of(cids)
+    # per query term: its name, idf, and each chunk's part and count
+    terms, lengths = lex.explain_terms(qt.hashes, cids)
+    cols = [(h, " / ".join(qt.words.get(h, ["?"])), idf, c, tf) for h, idf, c, tf in terms]
+    hashes = {h for h, *_ in terms}
     missing = [" / ".join(ws) for h, ws in qt.words.items() if h not in hashes]
-    lengths = lex.lengths[pos[held]].tolist() if held.any() else []
     out_all, li = [], 0
     for r, ((_, text, score), is_held) in enumerate(zip(hits, held.tolist())):
         out: dict[str, Any] = {"score": score, "k1": lex.k1, "b": lex.b, "terms": []}

@@ -136,13 +136,41 @@ class _KeyColumn:
         return self.num_ids[: np.searchsorted(s, n, "left")]
 
 
+class _SegmentColumns:
+    """One immutable segment's chunks in the forms filters need: each chunk's file (sorted, for
+    path conditions) and each metadata field a filter has named. Built once per segment and kept
+    with it across generations (a write adds a segment: earlier ones are not read again)."""
+
+    def __init__(self, segment):
+        self.segment = weakref.proxy(segment)
+        self.ids = segment.ids
+        file_ids = segment.file_ids
+        self.by_file = np.argsort(file_ids, kind="stable")
+        self.files_sorted = file_ids[self.by_file]
+        self._keys: dict[str, _KeyColumn] = {}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def of(cls, segment) -> "_SegmentColumns":
+        return segment.memo("filter-columns", lambda: cls(segment))
+
+    def key(self, key: str) -> _KeyColumn:
+        col = self._keys.get(key)
+        if col is None:
+            with self._lock:  # one build per field, however many threads ask at once
+                col = self._keys.get(key)
+                if col is None:
+                    col = self._keys[key] = _KeyColumn(*self.segment.docs.metadata_values(_path(key)))
+        return col
+
+
 class _Columns:
-    """A generation's chunks in the forms filters need, kept in memory with that docstore: the
-    live ids, each chunk's file, and each metadata field a filter has named.
+    """A generation's chunks in the forms filters need, kept in memory with that generation: the
+    live ids as a mask over ids, and each segment's columns (see _SegmentColumns).
 
     Why by hand: filters used to run as SQL with a Python function inside SQLite, scanning every
     chunk's JSON on every search (and registering that function on a connection shared by threads
-    deadlocked). Here a field is read once per generation, by SQLite's own json_extract, and then a
+    deadlocked). Here a field is read once per segment, by SQLite's own json_extract, and then a
     condition costs what it selects: a dict lookup for equality, a binary search for a range."""
 
     CACHE = 16  # recent filters' selections, per generation
@@ -151,30 +179,20 @@ class _Columns:
         # A weak reference: the docstore keeps this in its memo, and a cycle would keep an old
         # generation's files open until the cycle collector ran.
         self.docs = weakref.proxy(docs)
-        ids, self.file_ids = docs.chunk_files()
-        self.ids = ids
-        self.size = int(ids[-1]) + 1 if len(ids) else 0
+        self.segs = [(_SegmentColumns.of(p.segment), p.dead) for p in docs.parts]
+        self.size = max([int(c.ids[-1]) + 1 for c, _ in self.segs if len(c.ids)] + [0])
         self.live = np.zeros(self.size, bool)
-        self.live[ids] = True
+        for c, dead in self.segs:
+            self.live[c.ids] = True
+            if len(dead.chunks):
+                self.live[dead.chunks[dead.chunks < self.size]] = False
         self.live.flags.writeable = False
-        self._by_file = np.argsort(self.file_ids, kind="stable")
-        self._files_sorted = self.file_ids[self._by_file]
-        self._keys: dict[str, _KeyColumn] = {}
         self._lock = threading.Lock()
         self._recent: OrderedDict[tuple, Selection] = OrderedDict()
 
     @classmethod
     def of(cls, docs) -> "_Columns":
         return docs.memo("filter-columns", lambda: cls(docs))
-
-    def key(self, key: str) -> _KeyColumn:
-        col = self._keys.get(key)
-        if col is None:
-            with self._lock:  # one build per field, however many threads ask at once
-                col = self._keys.get(key)
-                if col is None:
-                    col = self._keys[key] = _KeyColumn(*self.docs.metadata_values(_path(key)))
-        return col
 
     def select(self, f: Filter) -> Selection:
         sig = tuple(f.conditions)
@@ -187,7 +205,8 @@ class _Columns:
         for c in f.conditions:
             m = self._condition(c)
             mask = m if mask is None else np.logical_and(mask, m, out=mask)
-        sel = Selection(mask if mask is not None else self.live.copy())
+        mask = np.logical_and(mask, self.live, out=mask) if mask is not None else self.live.copy()  # deleted chunks never pass
+        sel = Selection(mask)
         with self._lock:
             self._recent[sig] = sel
             while len(self._recent) > self.CACHE:
@@ -195,28 +214,32 @@ class _Columns:
         return sel
 
     def _condition(self, c: Condition) -> np.ndarray:
-        """A fresh boolean mask over chunk ids: the chunks that pass c."""
+        """A fresh boolean mask over chunk ids: the chunks that pass c (deleted ones may be set)."""
         if c.kind == "path":
-            files = self.docs.files_matching(list(c.values))
             m = np.zeros(self.size, bool)
-            lo = np.searchsorted(self._files_sorted, files, "left")
-            hi = np.searchsorted(self._files_sorted, files, "right")
-            for a, b in zip(lo.tolist(), hi.tolist()):
-                m[self.ids[self._by_file[a:b]]] = True
+            for col, _ in self.segs:
+                files = col.segment.docs.files_matching(list(c.values))
+                lo = np.searchsorted(col.files_sorted, files, "left")
+                hi = np.searchsorted(col.files_sorted, files, "right")
+                for a, b in zip(lo.tolist(), hi.tolist()):
+                    m[col.ids[col.by_file[a:b]]] = True
             return m
-        col = self.key(c.key)
+        cols = [col.key(c.key) for col, _ in self.segs]
         if c.kind == "num":
             m = np.zeros(self.size, bool)
-            m[col.compare(c.op, c.values[0])] = True
+            for col in cols:
+                m[col.compare(c.op, c.values[0])] = True
             return m
         if c.kind == "eq":
             m = np.zeros(self.size, bool)
-            for a in col.equal(c.values):
-                m[a] = True
+            for col in cols:
+                for a in col.equal(c.values):
+                    m[a] = True
             return m
         m = self.live.copy()  # ne: every chunk but the equal ones (also those without the field)
-        for a in col.equal(c.values):
-            m[a] = False
+        for col in cols:
+            for a in col.equal(c.values):
+                m[a] = False
         return m
 
 

@@ -163,6 +163,7 @@ def repool(writer: IndexWriter, encoder, batch: int = 256) -> int:
 
     from semsearch.store.vectors import VectorIndex
 
+    writer.absorb()  # every vector changes: the published segments become one new segment
     fresh = VectorIndex.create(encoder.out_dim, "flat")  # finalize_vectors() rebuilds other types
     maps: dict[str, np.ndarray] = {}
     n = 0
@@ -200,42 +201,26 @@ class VectorSettings:
 
 
 def finalize_vectors(writer: IndexWriter, dim: int, vs: VectorSettings, base: Manifest | None) -> dict[str, Any]:
-    """Pick the index type for the current size, (re)build it from the docstore where needed,
-    tune its search knob to the recall target; gives back the manifest's `index` entry."""
-    from semsearch.store.vectors import IVF_TYPES, VectorIndex, bytes_per_vector, choose_type, exact_knn, resolve_index_device, tune
+    """The vector index of the writer's new segment: the type for its size (a small segment is
+    flat whatever was asked: searched exactly), built and tuned to the recall target; gives back
+    the entry for commit(): the segment's index, and the type asked for where it was forced."""
+    from semsearch.store.merge import build_vectors
 
-    n = writer.docs.counts()["chunks"]
+    n = writer.docs.new.counts()["chunks"]
     requested = vs.index_type
     if requested == "auto" and base is not None and base.index.get("forced"):
         requested = base.index["type"]  # a type the user forced stays until they ask otherwise
-    kind = choose_type(requested, n, dim, vs.max_bytes_per_vector)
-    vi = writer.vectors
-    trained_on = (base.index.get("trained_on", 0) if base else 0) if vi.kind == kind else 0
-    rebuild = vi.kind != kind or vi.dirty or (kind in IVF_TYPES and n > 4 * max(trained_on, 1))
-    t0 = time.perf_counter()
-    if rebuild:
-        log.info("building a %s index over %d vectors", kind, n)
-        params = {} if vi.kind != kind else {k: v for k, v in vi.params.items() if k in ("M", "efConstruction", "k_factor")}
-        vi = writer.vectors = VectorIndex.build(dim, kind, writer.docs.iter_vectors(), n, params,
-                                                device=resolve_index_device(vs.device))
-        trained_on = n
+    if requested != "auto":
+        from semsearch.store.vectors import choose_type
+
+        choose_type(requested, 0, dim)  # an unknown type is refused before anything is built
+    writer.vectors, entry = build_vectors(writer.docs.new, dim, requested, n, vs.target_recall, writer.vectors.params,
+                                          vs.k, vs.sample, vs.tune_queries, vs.device, vs.max_bytes_per_vector,
+                                          current=writer.vectors)
     # A type the user forced stays forced through later writes that ask for nothing (upserts).
-    entry: dict[str, Any] = {"type": kind, "forced": requested != "auto", "params": vi.params,
-                             "trained_on": trained_on, "bytes_per_vector": bytes_per_vector(kind, dim),
-                             "built_on": vi.built_on if rebuild else (base.index.get("built_on", "cpu") if base else "cpu")}
-    if kind != "flat" and n > vs.k:
-        rng = np.random.default_rng(0)
-        if vs.tune_queries is not None and len(vs.tune_queries):
-            queries, self_ids = np.ascontiguousarray(vs.tune_queries, np.float32), None
-        else:  # held-out corpus vectors: each query's own vector is excluded from both lists
-            ids, vecs = zip(*writer.docs.iter_vectors())
-            all_ids, all_vecs = np.concatenate(ids), np.concatenate(vecs)
-            pick = rng.choice(n, min(vs.sample, n), replace=False)
-            queries, self_ids = all_vecs[pick], all_ids[pick]
-        exact = exact_knn(queries, writer.docs.iter_vectors(), vs.k, self_ids)
-        entry["recall"] = tune(vi, queries, exact, vs.k, vs.target_recall, self_ids)
-        entry["params"] = vi.params
-    entry["build_seconds"] = round(time.perf_counter() - t0, 2)
+    entry["forced"] = requested != "auto"
+    if entry["forced"]:
+        entry["requested"] = requested
     return entry
 
 
@@ -325,8 +310,8 @@ def index_corpus(
         if cache is not None:
             cache.close()  # kept: the next run takes the vectors embedded so far from it
         writer.abort()
-        if isinstance(e, (sqlite3.DatabaseError, UnicodeDecodeError)) and base is not None:  # the copied docstore had damage its checks did not reach
-            raise damaged(folder, base.files["docs"] if base else "docs", f"damaged ({e})") from e
+        if isinstance(e, (sqlite3.DatabaseError, UnicodeDecodeError)) and base is not None:  # a docstore had damage its checks did not reach
+            raise damaged(folder, base.files.get("docs", "docs"), f"damaged ({e})") from e
         raise
     if cache is not None:
         cache.drop()
@@ -350,18 +335,30 @@ def _nothing_to_do(folder: Path, base: Manifest, files, root: Path, encoder, vec
         return False
     if vs.target_recall != (base.index.get("recall") or {}).get("target", VectorSettings.target_recall):
         return False
-    try:
-        docs = DocStore(folder / base.files["docs"], readonly=True)
-    except sqlite3.Error:
-        return False
-    try:
-        if "lex" not in {r[1] for r in docs.db.execute("PRAGMA table_info(chunks)")}:
+    stored = {}
+    for e in base.segments:
+        try:
+            docs = DocStore(folder / e["docs"], readonly=True)
+        except sqlite3.Error:
             return False
-        stored = docs.files()
-    except sqlite3.Error:
-        return False
-    finally:
-        docs.close()
+        try:
+            if "lex" not in {r[1] for r in docs.db.execute("PRAGMA table_info(chunks)")}:
+                return False
+            held = docs.files()
+        except sqlite3.Error:
+            return False
+        finally:
+            docs.close()
+        if e.get("deletes"):
+            from semsearch.store.segments import Tombstones
+
+            dead = Tombstones.load(folder / e["deletes"])
+            gone = set(dead.files.tolist())
+            held = {k: f for k, f in held.items() if f.id not in gone}
+            for f in held.values():
+                if f.id in dead.stats:
+                    f.size, f.mtime_ns, f.ctime_ns, f.inode = dead.stats[f.id]
+        stored.update(held)
     seen = set()
     for f in files:
         old = stored.get(str(f.path))
@@ -383,8 +380,8 @@ def _new_head(base: Manifest | None, encoder) -> str | None:
 def _check_head_corpus(head: str, writer: IndexWriter, force: bool) -> None:
     from semsearch.encoder.heads import check_head_corpus, index_row_key
 
-    rows = writer.docs.db.execute("SELECT metadata, text FROM chunks WHERE ord = 0")
-    check_head_corpus(head, (index_row_key(meta, text) for meta, text in rows), force)
+    rows = writer.docs.select("c.metadata, c.text", "c.ord = 0")
+    check_head_corpus(head, (index_row_key(meta, text) for _, meta, text in rows), force)
 
 
 def _update(writer, files, root, encoder, chunking, read, report, progress, flush_chunks, keep_states,

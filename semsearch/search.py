@@ -139,15 +139,13 @@ class Retriever:
             if stamp == self._stamp:
                 return False
             old = self._gen
-            m, vectors, docs = open_index(self.folder, getattr(old.vectors, "device", "cpu"))
-            if m.generation == old.manifest.generation and m.files == old.manifest.files:
-                docs.close()
+            m, vectors, docs = open_index(self.folder, getattr(old.vectors, "device", "cpu"), reuse=old.docs.segments())
+            if m.generation == old.manifest.generation and m.segments == old.manifest.segments:
                 self._stamp = stamp
                 return False
             enc = self.encoder
             if m.model_fingerprint != enc.fingerprint or m.pooling != enc.pooling or \
                     (m.head or {}).get("fingerprint") != (old.manifest.head or {}).get("fingerprint"):
-                docs.close()
                 raise SettingsMismatch(
                     f"{self.folder} was rebuilt with other settings (model {m.model} {m.model_fingerprint}, pooling "
                     f"{m.pooling!r}); load a new Retriever for it")

@@ -307,7 +307,7 @@ for kind in ("flat", "hnsw", "ivf"):
         what, data = mutate_bytes(p.read_bytes(), rng)
         p.write_bytes(data)
         raw = json.loads((d / "manifest.json").read_text())  # record the damage as if it were the data
-        raw["integrity"]["files"][p.name] = dict(size=len(data), fingerprint=integrity.fingerprint(p), sha256=integrity.sha256(p))
+        raw["segments"][0]["integrity"]["files"][p.name] = dict(size=len(data), fingerprint=integrity.fingerprint(p), sha256=integrity.sha256(p))
         (d / "manifest.json").write_text(json.dumps(raw))
         print(kind, case, p.name, what, flush=True)
         try:

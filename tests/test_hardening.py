@@ -89,8 +89,8 @@ def test_manifest_naming_files_outside_the_folder_is_refused(tmp_path, docs_name
     folder = tmp_path / "idx"
     index_corpus(src, folder, FakeEncoder())
     raw = json.loads((folder / "manifest.json").read_text())
-    raw["files"]["docs"] = str(tmp_path / "other" / "docs.1.sqlite") if docs_name == "ABS" else docs_name
-    raw["integrity"] = None
+    raw["segments"][0]["docs"] = str(tmp_path / "other" / "docs.1.sqlite") if docs_name == "ABS" else docs_name
+    raw["segments"][0]["integrity"] = None
     (folder / "manifest.json").write_text(json.dumps(raw))
     with pytest.raises(IndexFormatError, match=r"manifest\.json: damaged manifest .*not a data file of this folder.*--rebuild"):
         Retriever.load(folder, encoder=FakeEncoder())
@@ -150,7 +150,7 @@ def test_count_and_id_checks_catch_what_the_fingerprint_cannot_see(built):
     """An index without integrity records (as written before them) is still checked for counts."""
     src, folder = built
     raw = json.loads((folder / "manifest.json").read_text())
-    raw["integrity"] = None
+    raw["segments"][0]["integrity"] = None
     (folder / "manifest.json").write_text(json.dumps(raw))
     db = sqlite3.connect(data_file(folder, "docs"))
     db.execute("DELETE FROM chunks WHERE id = (SELECT MAX(id) FROM chunks)")
@@ -229,7 +229,7 @@ def test_checksum_hashes_files_whose_stat_is_unchanged(built):
     db.commit()
     db.close()
     m = Manifest.load(folder)
-    m.integrity = None  # this test edits a data file on purpose
+    m.segments[0]["integrity"] = None  # this test edits a data file on purpose
     m.save(folder)
     enc = FakeEncoder()
     rep = index_corpus(src, folder, enc)

@@ -84,7 +84,7 @@ def test_info(sample_index):
     assert r.exit_code == 0
     assert "all-MiniLM-L6-v2" in r.output and "mean" in r.output and "cosine" in r.output
     r = run("info", "--index", sample_index, "--json")
-    assert json.loads(r.output)["format_version"] == 1
+    assert json.loads(r.output)["format_version"] == 2
 
 
 def test_info_says_which_faiss_is_loaded(sample_index):
@@ -143,8 +143,10 @@ def test_incremental_reindex(small_corpus, tmp_path, fake_encoder):
     assert "dough" in r.search("knead dough rise", k=1)[0].text
     m = Manifest.load(folder)
     assert m.last_run["updated"] == 1 and m.counts["files"] == 3
-    # Old generations are cleaned up; exactly one data generation stays.
-    assert sorted(p.name.split(".")[0] for p in folder.iterdir() if p.name[0] != ".") == ["docs", "manifest", "vectors"]
+    # Files of older generations are cleaned up: exactly the manifest's data files stay (the
+    # first run's segment with tombstones for the updated and removed files, and the new segment).
+    assert {p.name for p in folder.iterdir() if p.name[0] != "."} == m.data_files() | {"manifest.json"}
+    assert len(m.segments) == 2 and m.segments[0]["deletes"] and m.segments[0]["live"] == 1
 
 
 class Boom(RuntimeError):
@@ -195,7 +197,7 @@ def test_chunks_keep_offsets_and_lines(tmp_path, fake_encoder):
     folder = tmp_path / "idx"
     index_corpus(root, folder, fake_encoder, ChunkSettings(window=30, overlap=5))
     _, _, docs = open_index(folder)
-    rows = docs.db.execute("SELECT ord, start, end, line, text FROM chunks ORDER BY ord").fetchall()
+    rows = sorted(r[1:] for r in docs.select("c.ord, c.start, c.end, c.line, c.text"))
     assert len(rows) > 5
     for ord_, start, end, line, chunk in rows:
         assert text[start:end] == chunk
@@ -216,6 +218,7 @@ def test_other_format_version_refused(small_corpus, tmp_path, fake_encoder):
 
 def test_no_pickle_in_index(sample_index):
     m = Manifest.load(sample_index)
+    assert len(m.segments) == 1  # one run, one segment
     db = sqlite3.connect(sample_index / m.files["docs"])
     (n,) = db.execute("SELECT COUNT(*) FROM chunks").fetchone()
     assert n == m.counts["chunks"]

@@ -11,7 +11,7 @@ from pathlib import Path
 from semsearch.errors import IndexFormatError
 
 DB_ERRORS = (sqlite3.Error, UnicodeDecodeError)  # a damaged TEXT value fails to decode
-DATA_FILE = re.compile(r"(docs|vectors)\.[0-9]{1,18}\.(sqlite|faiss)")
+DATA_FILE = re.compile(r"(docs|vectors)\.[0-9]{1,18}\.(sqlite|faiss)|del\.[0-9]{1,18}\.[0-9]{1,18}\.npz")
 
 
 def remedy(folder: Path) -> str:

@@ -1,8 +1,10 @@
-"""The index folder: manifest.json + vectors.<gen>.faiss + docs.<gen>.sqlite, written atomically.
+"""The index folder: manifest.json naming immutable segments (docs.<s>.sqlite + vectors.<s>.faiss,
+with tombstones del.<s>.<g>.npz), written atomically.
 
-Each write builds a new generation of the data files beside the current one and publishes it by
-replacing manifest.json in one rename; until then readers (and an interrupted writer's next run)
-see the previous generation whole. Files of other generations are removed afterwards.
+Each write adds a new segment and the changed tombstones beside the published files (and may
+merge segments) and publishes them by replacing manifest.json in one rename; until then readers
+(and an interrupted writer's next run) see the previous generation whole. Files no manifest
+names any more are removed afterwards. See semsearch/store/segments.py for the reading side.
 """
 from __future__ import annotations
 
@@ -16,10 +18,11 @@ import numpy as np
 from pathlib import Path
 
 from semsearch.errors import IndexFormatError, IndexLocked
-from semsearch.store import integrity
-from semsearch.store.files import DB_ERRORS, damaged, fsync_dir, fsync_file, manifest_stamp
-from semsearch.store.docstore import DocStore
-from semsearch.store.manifest import MANIFEST, Manifest
+from semsearch.store import integrity, lexical
+from semsearch.store.files import DATA_FILE, DB_ERRORS, damaged, fsync_dir, fsync_file, manifest_stamp
+from semsearch.store.docstore import DocStore, StoredFile
+from semsearch.store.manifest import FORMAT_VERSION, MANIFEST, Manifest
+from semsearch.store.segments import SegmentedDocs, SegmentedVectors, Tombstones, live_counts, open_parts
 from semsearch.store.vectors import VectorIndex
 
 DEFAULT_INDEX = "indexes/default"
@@ -29,9 +32,11 @@ def now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
 
-def open_index(folder: Path, device: str = "cpu") -> tuple[Manifest, VectorIndex, DocStore]:
-    """The manifest, vector index and (read-only) docstore of an index folder; the vector index
-    is searched on a GPU where device is 'cuda' (see resolve_index_device).
+def open_index(folder: Path, device: str = "cpu", reuse: dict | None = None) -> tuple[Manifest, SegmentedVectors, SegmentedDocs]:
+    """The manifest, vector index and (read-only) docstore of an index folder, across its
+    segments; the vector indexes are searched on a GPU where device is 'cuda' (see
+    resolve_index_device). `reuse`: segments already open ({Segment.key: Segment}, from
+    SegmentedDocs.segments()), taken instead of opening their files again.
 
     A writer may publish the next generation, and remove this one's files, between the reading
     of the manifest and the opening of its files: a failure to open them while the manifest
@@ -40,87 +45,247 @@ def open_index(folder: Path, device: str = "cpu") -> tuple[Manifest, VectorIndex
     for _ in range(20):
         stamp = manifest_stamp(folder)
         try:
-            return _open_generation(folder, device)
+            return _open_generation(folder, device, reuse)
         except (IndexFormatError, FileNotFoundError):  # a file checked or opened after the writer removed it
             if manifest_stamp(folder) == stamp:
                 raise
-    return _open_generation(folder, device)
+    return _open_generation(folder, device, reuse)
 
 
-def _open_generation(folder: Path, device: str) -> tuple[Manifest, VectorIndex, DocStore]:
+def _open_generation(folder: Path, device: str, reuse: dict | None) -> tuple[Manifest, SegmentedVectors, SegmentedDocs]:
     m = Manifest.load(folder)
-    vectors = _load_vectors(folder, m, device)
-    try:
-        docs = DocStore(folder / m.files["docs"], readonly=True)
-    except DB_ERRORS as e:
-        raise damaged(folder, m.files["docs"], f"damaged ({e})") from e
-    try:
-        integrity.check_loaded(folder, m, vectors, docs)
-    except BaseException:
-        docs.close()
-        raise
-    return m, vectors, docs
+    parts = open_parts(folder, m, device, reuse)
+    return m, SegmentedVectors(parts, m.index, device), SegmentedDocs(folder, parts, live_counts(m.segments))
 
 
-def _load_vectors(folder: Path, m: Manifest, device: str = "cpu") -> VectorIndex:
-    """The manifest's vector index, its data files checked first (faiss must never parse junk)."""
-    integrity.check_files(folder, m)
-    try:
-        return VectorIndex.load(folder / m.files["vectors"], m.index.get("type", "flat"), m.index.get("params"), device)
-    except (RuntimeError, MemoryError, AttributeError, TypeError, ValueError) as e:
-        raise damaged(folder, m.files["vectors"], f"damaged ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from e
+class _BaseSegment:
+    """A published segment as a writer sees it: its docstore read-only (opened when first
+    needed) and its tombstones, which the writer may extend (copied on write)."""
+
+    def __init__(self, folder: Path, entry: dict):
+        self.folder, self.entry = folder, dict(entry)
+        self._docs: DocStore | None = None
+        self._dead: Tombstones | None = None
+        self.changed = False
+        self.dropped = False  # absorbed into the writer's new segment
+
+    @property
+    def docs(self) -> DocStore:
+        if self._docs is None:
+            integrity.check_file(self.folder, self.entry["docs"], ((self.entry.get("integrity") or {}).get("files") or {}).get(self.entry["docs"]))
+            try:
+                self._docs = DocStore(self.folder / self.entry["docs"], readonly=True)
+            except DB_ERRORS as e:
+                raise damaged(self.folder, self.entry["docs"], f"damaged ({e})") from e
+        return self._docs
+
+    @property
+    def dead(self) -> Tombstones:
+        if self._dead is None:
+            name = self.entry.get("deletes")
+            if name:
+                integrity.check_file(self.folder, name, ((self.entry.get("integrity") or {}).get("files") or {}).get(name))
+                self._dead = Tombstones.load(self.folder / name)
+            else:
+                self._dead = Tombstones()
+        return self._dead
+
+    def close(self) -> None:
+        if self._docs is not None:
+            self._docs.close()
+            self._docs = None
+
+
+class WriteStore:
+    """A writer's view of the index: the published segments (minus what this write deletes) and
+    the new segment it is filling. Writes go to the new segment; deleting a published chunk
+    records it in that segment's tombstones."""
+
+    def __init__(self, writer: "IndexWriter"):
+        self.w = writer
+
+    @property
+    def new(self) -> DocStore:
+        return self.w.new_docs
+
+    @property
+    def db(self):
+        return self.w.new_docs.db
+
+    def _live_base(self) -> list[_BaseSegment]:
+        return [b for b in self.w.base_segments if not b.dropped]
+
+    def files(self) -> dict[str, StoredFile]:
+        out: dict[str, StoredFile] = {}
+        for b in self._live_base():
+            dead = set(b.dead.files.tolist())
+            for path, f in b.docs.files().items():
+                if f.id not in dead:
+                    if f.id in b.dead.stats:
+                        f.size, f.mtime_ns, f.ctime_ns, f.inode = b.dead.stats[f.id]
+                    out[path] = f
+        out.update(self.new.files())
+        return out
+
+    def find_files(self, paths: list[str]) -> dict[str, StoredFile]:
+        """{path: stored file} of the given paths that a live file has (an index lookup a segment)."""
+        out: dict[str, StoredFile] = {}
+        for b in self._live_base():
+            for at in range(0, len(paths), 500):
+                part = paths[at : at + 500]
+                for r in b.docs.db.execute("SELECT id, path, hash, size, mtime_ns, documents, ctime_ns, inode FROM files"
+                                           f" WHERE path IN ({','.join('?' * len(part))})", part):
+                    f = StoredFile(*r)
+                    if not (len(b.dead.files) and np.isin(f.id, b.dead.files)):
+                        if f.id in b.dead.stats:
+                            f.size, f.mtime_ns, f.ctime_ns, f.inode = b.dead.stats[f.id]
+                        out[f.path] = f
+        for at in range(0, len(paths), 500):
+            part = paths[at : at + 500]
+            for r in self.new.db.execute("SELECT id, path, hash, size, mtime_ns, documents, ctime_ns, inode FROM files"
+                                         f" WHERE path IN ({','.join('?' * len(part))})", part):
+                out[r[1]] = StoredFile(*r)
+        return out
+
+    def _owner(self, file_id: int) -> _BaseSegment | None:
+        """The published segment holding a live file id (None: the new segment's)."""
+        if self.new.db.execute("SELECT 1 FROM files WHERE id = ?", (file_id,)).fetchone():
+            return None
+        for b in self._live_base():
+            if b.docs.db.execute("SELECT 1 FROM files WHERE id = ?", (file_id,)).fetchone() and \
+                    not (len(b.dead.files) and np.isin(file_id, b.dead.files)):
+                return b
+        raise KeyError(file_id)
+
+    def add_file(self, *a, **kw) -> int:
+        return self.new.add_file(*a, **kw)
+
+    def set_documents(self, file_id: int, documents: int) -> None:
+        self.new.set_documents(file_id, documents)
+
+    def touch_file(self, file_id: int, size: int, mtime_ns: int, ctime_ns: int = 0, inode: int = 0) -> None:
+        b = self._owner(file_id)
+        if b is None:
+            self.new.touch_file(file_id, size, mtime_ns, ctime_ns, inode)
+            return
+        b.dead.stats[int(file_id)] = (int(size), int(mtime_ns), int(ctime_ns), int(inode))
+        b.changed = True
+
+    def remove_file(self, file_id: int) -> np.ndarray:
+        """Delete a file and its chunks; gives back the removed chunk ids."""
+        b = self._owner(file_id)
+        if b is None:
+            return self.new.remove_file(file_id)
+        ids = np.array([r[0] for r in b.docs.db.execute("SELECT id FROM chunks WHERE file_id = ?", (int(file_id),))], np.int64)
+        docs = b.docs.db.execute("SELECT documents FROM files WHERE id = ?", (int(file_id),)).fetchone()[0]
+        b._dead = b.dead.with_deleted(ids, int(file_id))
+        b.changed = True
+        e = b.entry
+        e["live"], e["files"], e["documents"] = e["live"] - len(ids), e["files"] - 1, e["documents"] - int(docs)
+        return ids
+
+    def add_chunks(self, rows, vectors) -> np.ndarray:
+        return self.new.add_chunks(rows, vectors)
+
+    def counts(self) -> dict[str, int]:
+        base = live_counts([b.entry for b in self._live_base()])
+        new = self.new.counts()
+        return {k: base[k] + new[k] for k in base}
+
+    def select(self, columns: str, where: str = "", params: tuple = ()):
+        """(chunk id, *columns) of every live chunk (see SegmentedDocs.select)."""
+        sql = (f"SELECT c.id, {columns} FROM chunks c JOIN files f ON f.id = c.file_id"
+               + (f" WHERE {where}" if where else "") + " ORDER BY c.id")
+        for b in self._live_base():
+            dead = set(b.dead.chunks.tolist())
+            for row in b.docs.db.execute(sql, params):
+                if row[0] not in dead:
+                    yield row
+        yield from self.new.db.execute(sql, params)
+
+    # the new segment's own rows (vector index builds, re-pooling)
+    def iter_vectors(self, batch: int = 8192):
+        return self.new.iter_vectors(batch)
+
+    def iter_states_refs(self, batch: int = 4096):
+        return self.new.iter_states_refs(batch)
+
+    def set_vectors(self, ids, vectors) -> None:
+        self.new.set_vectors(ids, vectors)
+
+    def get_vectors(self, ids):
+        return self.new.get_vectors(ids)
 
 
 class IndexWriter:
-    """A new generation of an index folder, published by commit(); abort() leaves the old one.
+    """The next generation of an index folder, published by commit(); abort() leaves the old one.
 
-    `base` is the manifest whose data the new generation starts from (None: start empty, as for
-    a new index or --rebuild). Files the current manifest names are never touched before commit.
+    `base` is the manifest the new generation starts from (None: start empty, as for a new index
+    or --rebuild). New chunks go to one new segment; deletions of published chunks are recorded
+    as tombstones; commit() may merge segments (semsearch/store/merge.py). Published files are
+    never touched: a write costs what it changes.
     """
 
     def __init__(self, folder: Path, dim: int, base: Manifest | None = None, kind: str = "flat"):
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
+        self.dim = dim
         self._lock = open(self.folder / ".lock", "w")
         try:
             fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError as e:
             self._lock.close()
             raise IndexLocked(f"{folder} is being written by another semsearch process") from e
-        if base is not None:  # a damaged base stops the run before anything is cleaned or written
-            try:
-                integrity.check_files(self.folder, base)
-            except BaseException:
-                self._release()
-                raise
-        current = _current_files(self.folder)
-        self._clean(keep=current)  # leftovers of an interrupted run
-        self.gen = max([_gen_of(p.name) for p in self.folder.iterdir()] + [0]) + 1
-        self.docs_file = f"docs.{self.gen}.sqlite"
-        self.vectors_file = f"vectors.{self.gen}.faiss"
+        self.base = base
+        self.base_segments = [_BaseSegment(self.folder, e) for e in (base.segments if base is not None else [])]
         try:
-            if base is not None:
-                # The base is checked like any load; a damaged one stops here, untouched, and the
-                # error offers --rebuild. Its docstore is copied through SQLite's backup API.
-                m, self.vectors, docs = open_index(self.folder)
-                dst = sqlite3.connect(self.folder / self.docs_file)
-                try:
-                    docs.db.backup(dst)
-                except DB_ERRORS as e:
-                    raise damaged(self.folder, m.files["docs"], f"damaged ({e})") from e
-                finally:
-                    docs.close()
-                    dst.close()
-            else:
-                self.vectors = VectorIndex.create(dim, kind)
-            self.docs = DocStore(self.folder / self.docs_file)
+            current = _current_files(self.folder)
+            self._clean(keep=current)  # leftovers of an interrupted run
+            self.gen = max([_gen_of(p.name) for p in self.folder.iterdir()] + [base.generation if base else 0,
+                           int((base.next_ids or {}).get("segment", 0)) - 1 if base else 0]) + 1
+            self.next_ids = self._next_ids()
+            self.seg_id = self.gen
+            self.docs_file = f"docs.{self.seg_id}.sqlite"
+            self.vectors_file = f"vectors.{self.seg_id}.faiss"
+            self.new_docs = DocStore(self.folder / self.docs_file)
+            self.new_docs.db.execute("PRAGMA journal_mode = OFF")  # unpublished until commit fsyncs it
+            self.new_docs.db.execute("PRAGMA synchronous = OFF")
+            self.new_docs.db.executemany("INSERT INTO sqlite_sequence (name, seq) VALUES (?, ?)",
+                                         [("chunks", self.next_ids["chunk"] - 1), ("files", self.next_ids["file"] - 1)])
         except BaseException:
-            (self.folder / self.docs_file).unlink(missing_ok=True)
+            (self.folder / f"docs.{getattr(self, 'seg_id', 0)}.sqlite").unlink(missing_ok=True)
+            self._close_base()
             self._release()
             raise
+        self.docs = WriteStore(self)
+        self.vectors = VectorIndex.create(dim, kind)
+        self.index_entry: dict | None = None  # the new segment's vector index entry (finalize_vectors)
         self.states_file = f"{self.gen}.f16"
         self._states = None  # opened on first append_states()
         self._states_rows = 0
+        self.merged: list[dict] = []  # segments written by merges in this commit
+        try:
+            if any("lex" not in {r[1] for r in b.docs.db.execute("PRAGMA table_info(chunks)")} for b in self.base_segments):
+                # A docstore from before lexical search: its chunks move to the new segment, which
+                # gets their lexical terms (once; nothing is re-encoded).
+                self.absorb()
+                lexical.add_columns(self.new_docs.db, missing_only=True)
+        except BaseException:
+            self.abort()
+            raise
+
+    def _next_ids(self) -> dict[str, int]:
+        ids = dict((self.base.next_ids or {}) if self.base else {})
+        if "chunk" not in ids or "file" not in ids:  # a format-1 index: its docstore's sequences
+            chunk = file = 1
+            for b in self.base_segments:
+                for name, seq in b.docs.db.execute("SELECT name, seq FROM sqlite_sequence"):
+                    if name == "chunks":
+                        chunk = max(chunk, int(seq) + 1)
+                    elif name == "files":
+                        file = max(file, int(seq) + 1)
+            ids = {"chunk": chunk, "file": file}
+        return {"chunk": int(ids["chunk"]), "file": int(ids["file"])}
 
     # ---- kept token states: append-only raw fp16 files under states/, shared by generations ----
     def append_states(self, states: np.ndarray) -> tuple[str, int, int]:
@@ -139,41 +304,124 @@ class IndexWriter:
             self._states.flush()
         return np.memmap(self.folder / "states" / file, dtype=np.float16, mode="r").reshape(-1, dim)
 
-    def commit(self, manifest: Manifest) -> None:
+    def absorb(self) -> None:
+        """Copy every live chunk and file of the published segments into the new segment (same
+        ids) and drop those segments: for a write that changes every vector (re-pooling)."""
+        from semsearch.store.merge import copy_live
+
+        if self.new_docs.counts()["chunks"] or self.new_docs.counts()["files"]:
+            raise RuntimeError("absorb() must come before any new chunk")
+        for b in self.base_segments:
+            if not b.dropped:
+                copy_live(self.new_docs.db, self.folder / b.entry["docs"], b.dead)
+                b.dropped = True
+        ids, vecs = zip(*self.new_docs.iter_vectors()) if self.new_docs.counts()["chunks"] else ((), ())
+        self.vectors = VectorIndex.create(self.dim, "flat")
+        for i, v in zip(ids, vecs):
+            self.vectors.add(i, v)
+
+    def commit(self, manifest: Manifest, merge: str = "auto") -> None:
+        """Publish: the new segment, changed tombstones, merges ('auto': as the merge policy asks;
+        'all': every segment into one; 'none'), then manifest.json in one rename. `manifest`
+        carries the settings; its segments, counts, ids and generation are filled here, and its
+        `index` entry is taken as the new segment's (finalize_vectors)."""
+        from semsearch.store import merge as merge_
+
         if self._states is not None:
             self._states.flush()
             os.fsync(self._states.fileno())
             self._states.close()
-        used_states = self.docs.state_files()
-        self.docs.write_lexical()
-        self.docs.commit()
-        self.docs.close()
-        self.vectors.save(self.folder / self.vectors_file)
-        for name in (self.docs_file, self.vectors_file):
-            fsync_file(self.folder / name)
+        new_counts = self.new_docs.counts()
+        new_states = sorted(self.new_docs.state_files())
+        next_chunk = max(self.next_ids["chunk"], _seq(self.new_docs, "chunks") + 1)
+        next_file = max(self.next_ids["file"], _seq(self.new_docs, "files") + 1)
+        written: list[str] = []
+        entries: list[dict] = []
+        for b in self.base_segments:
+            if b.dropped:
+                continue
+            e = b.entry
+            if b.changed:
+                if e["live"] <= 0 and e["files"] <= 0:
+                    continue  # everything in it is deleted: the segment goes
+                name = f"del.{e['id']}.{self.gen}.npz"
+                b.dead.save(self.folder / name)
+                fsync_file(self.folder / name)
+                written.append(name)
+                rec = dict((e.get("integrity") or {"files": {}, "ntotal": e["rows"]}))
+                files = {k: v for k, v in (rec.get("files") or {}).items() if k != e.get("deletes")}
+                files[name] = integrity.file_record(self.folder / name)
+                rec["files"] = files
+                e["deletes"], e["integrity"] = name, rec
+            entries.append(e)
+        seg_index = dict(manifest.index or {"type": "flat"})
+        if new_counts["chunks"] or new_counts["files"]:
+            self.new_docs.write_lexical()
+            self.new_docs.commit()
+            self.new_docs.close()
+            self.vectors.save(self.folder / self.vectors_file)
+            for name in (self.docs_file, self.vectors_file):
+                fsync_file(self.folder / name)
+            ids = np.array([r[0] for r in DocStore_ids(self.folder / self.docs_file)], np.int64)
+            entries.append({"id": self.seg_id, "docs": self.docs_file, "vectors": self.vectors_file, "deletes": None,
+                            "rows": new_counts["chunks"], "live": new_counts["chunks"], "files": new_counts["files"],
+                            "documents": new_counts["documents"],
+                            "min_id": int(ids.min()) if len(ids) else None, "max_id": int(ids.max()) if len(ids) else None,
+                            "index": {k: v for k, v in seg_index.items() if k != "forced"}, "states": new_states,
+                            "integrity": integrity.record(self.folder, [self.docs_file, self.vectors_file], self.vectors)})
+        else:
+            self.new_docs.close()
+        next_segment = self.seg_id + 1
+        if merge != "none":
+            entries, next_segment = merge_.apply(self.folder, entries, self.dim, manifest, next_segment, everything=merge == "all")
         fsync_dir(self.folder)  # the data files' names are durable before the manifest names them
+        manifest.segments = entries
+        manifest.next_ids = {"chunk": next_chunk, "file": next_file, "segment": next_segment}
         manifest.generation = self.gen
-        manifest.files = {"vectors": self.vectors_file, "docs": self.docs_file}
-        manifest.integrity = integrity.record(self.folder, manifest.files, self.vectors)
+        manifest.counts = live_counts(entries)
+        manifest.index = merge_.summary(entries, seg_index)
         manifest.updated = now()
         manifest.created = manifest.created or manifest.updated
+        manifest.format_version = FORMAT_VERSION
         manifest.save(self.folder)
-        self._clean(keep=set(manifest.files.values()))
-        if (self.folder / "states").is_dir():
-            for p in (self.folder / "states").iterdir():
-                if p.name not in used_states:
-                    p.unlink()
+        self._close_base()
+        self._clean(keep=manifest.data_files())
+        self._clean_states(entries)
         self._release()
+
+    def _clean_states(self, entries: list[dict]) -> None:
+        states = self.folder / "states"
+        if not states.is_dir():
+            return
+        used: set[str] = set()
+        for e in entries:
+            if "states" in e:
+                used |= set(e["states"])
+            else:  # a format-1 segment: ask its docstore
+                try:
+                    store = DocStore(self.folder / e["docs"], readonly=True)
+                    used |= store.state_files()
+                    store.close()
+                except DB_ERRORS:
+                    return  # keep everything rather than guess
+        for p in states.iterdir():
+            if p.name not in used:
+                p.unlink()
 
     def abort(self) -> None:
         try:
-            self.docs.close()
+            self.new_docs.close()
         finally:
             if self._states is not None:
                 self._states.close()
+            self._close_base()
             for f in (self.docs_file, self.vectors_file, f"states/{self.states_file}"):
                 (self.folder / f).unlink(missing_ok=True)
             self._release()
+
+    def _close_base(self) -> None:
+        for b in self.base_segments:
+            b.close()
 
     def _release(self) -> None:
         fcntl.flock(self._lock, fcntl.LOCK_UN)
@@ -187,19 +435,34 @@ class IndexWriter:
             p.unlink(missing_ok=True)
 
 
+def DocStore_ids(path: Path):
+    db = sqlite3.connect(path)
+    try:
+        return db.execute("SELECT id FROM chunks").fetchall()
+    finally:
+        db.close()
+
+
+def _seq(store: DocStore, table: str) -> int:
+    row = store.db.execute("SELECT seq FROM sqlite_sequence WHERE name = ?", (table,)).fetchone()
+    return int(row[0]) if row else 0
+
+
 def _gen_of(name: str) -> int:
-    """The generation number in a data file name such as docs.3.sqlite (0 if not one)."""
-    parts = name.split(".")
-    if len(parts) == 3 and parts[0] in ("docs", "vectors") and parts[1].isdigit():
-        return int(parts[1])
-    return 0
+    """The largest number in a data file name such as docs.3.sqlite or del.3.7.npz (0 if not one)."""
+    if not DATA_FILE.fullmatch(name):
+        return 0
+    return max(int(x) for x in name.split(".")[1:] if x.isdigit())
 
 
 def _current_files(folder: Path) -> set[str]:
     """The data files the current manifest names, read leniently (any format version)."""
     try:
         raw = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
-        return {str(v) for v in raw.get("files", {}).values()}
+        names = {str(v) for v in raw.get("files", {}).values()}
+        for s in raw.get("segments", []):
+            names |= {str(s.get(k)) for k in ("docs", "vectors", "deletes") if s.get(k)}
+        return names
     except (OSError, ValueError, AttributeError):
         return set()
 
@@ -211,7 +474,7 @@ def index_path(index: str | os.PathLike | None) -> Path:
 
 def verify(folder: Path) -> list[str]:
     """Every problem found by reading every byte: full hashes, SQLite's integrity check, and the
-    id sets of FAISS and SQLite compared. An empty list: the index is whole."""
+    id sets of FAISS and SQLite compared, segment by segment. An empty list: the index is whole."""
     problems: list[str] = []
     folder = Path(folder)
     try:
@@ -219,18 +482,45 @@ def verify(folder: Path) -> list[str]:
     except IndexFormatError as e:
         return [str(e)]
     try:
-        for name, want in ((m.integrity or {}).get("files") or {}).items():
-            if integrity.sha256(folder / name) != want.get("sha256"):
-                problems.append(str(damaged(folder, name, "damaged (its sha256 does not match the manifest)")))
-        try:
-            status = [r[0] for r in docs.db.execute("PRAGMA integrity_check")]
-            if status != ["ok"]:
-                problems.append(str(damaged(folder, m.files["docs"], f"damaged (SQLite: {'; '.join(status[:3])})")))
-            db_ids = np.array([r[0] for r in docs.db.execute("SELECT id FROM chunks")], np.int64)
-            if integrity.ids_fingerprint(db_ids) != integrity.ids_fingerprint(integrity.faiss_ids(vectors.index)):
-                problems.append(str(damaged(folder, m.files["docs"], "its chunk ids differ from the vector index's")))
-        except DB_ERRORS as e:
-            problems.append(str(damaged(folder, m.files["docs"], f"damaged ({e})")))
+        for p in docs.parts:
+            e = p.entry
+            for name, want in ((e.get("integrity") or {}).get("files") or {}).items():
+                if integrity.sha256(folder / name) != want.get("sha256"):
+                    problems.append(str(damaged(folder, name, "damaged (its sha256 does not match the manifest)")))
+            db = p.segment.docs.db
+            try:
+                status = [r[0] for r in db.execute("PRAGMA integrity_check")]
+                if status != ["ok"]:
+                    problems.append(str(damaged(folder, e["docs"], f"damaged (SQLite: {'; '.join(status[:3])})")))
+                db_ids = np.array([r[0] for r in db.execute("SELECT id FROM chunks")], np.int64)
+                if integrity.ids_fingerprint(db_ids) != integrity.ids_fingerprint(integrity.faiss_ids(p.segment.vectors.index)):
+                    problems.append(str(damaged(folder, e["docs"], "its chunk ids differ from the vector index's")))
+                if len(p.dead.chunks) and not np.isin(p.dead.chunks, db_ids).all():
+                    problems.append(str(damaged(folder, e["deletes"], "it deletes chunks its segment does not hold")))
+            except DB_ERRORS as ex:
+                problems.append(str(damaged(folder, e["docs"], f"damaged ({ex})")))
     finally:
         docs.close()
     return problems
+
+
+def compact(folder: Path) -> dict:
+    """Merge every segment of an index into one without its deleted chunks, as one new generation
+    (what the merge policy does piecemeal, done at once); gives back the segment and chunk
+    counts before and after."""
+    import dataclasses
+    import time
+
+    t0 = time.perf_counter()
+    folder = Path(folder)
+    base = Manifest.load(folder)
+    before = {"segments": len(base.segments), "rows": sum(e["rows"] for e in base.segments)}
+    writer = IndexWriter(folder, base.dim, base)
+    try:
+        writer.commit(dataclasses.replace(base, index=dict(base.index)), merge="all")
+    except BaseException:
+        writer.abort()
+        raise
+    m = Manifest.load(folder)
+    return {"segments_before": before["segments"], "rows_before": before["rows"], "segments": len(m.segments),
+            "chunks": m.counts["chunks"], "generation": m.generation, "seconds": round(time.perf_counter() - t0, 3)}

@@ -72,51 +72,60 @@ def faiss_ids(index) -> np.ndarray:
 
 
 # ---- record at commit, check at load -----------------------------------------------------------
-def record(folder: Path, files: dict[str, str], vectors) -> dict[str, Any]:
-    """The manifest's `integrity` entry for freshly written (and fsynced) data files."""
+def file_record(path: Path) -> dict[str, Any]:
+    return {"size": path.stat().st_size, "fingerprint": fingerprint(path), "sha256": sha256(path)}
+
+
+def record(folder: Path, names: list[str], vectors) -> dict[str, Any]:
+    """A segment's `integrity` entry for its freshly written (and fsynced) data files."""
     out: dict[str, Any] = {"files": {}, "ntotal": int(vectors.ntotal), "ids": ids_fingerprint(faiss_ids(vectors.index))}
-    for name in files.values():
-        p = Path(folder) / name
-        out["files"][name] = {"size": p.stat().st_size, "fingerprint": fingerprint(p), "sha256": sha256(p)}
+    for name in names:
+        out["files"][name] = file_record(Path(folder) / name)
     return out
 
 
+def check_file(folder: Path, name: str, want: dict | None) -> None:
+    """Before anything parses it: a data file exists with its recorded size and fingerprint."""
+    p = Path(folder) / name
+    if not p.is_file():
+        raise damaged(folder, name, "missing")
+    if want is None:
+        return  # written before integrity records (still checked by counts)
+    size = p.stat().st_size
+    if size != want.get("size"):
+        raise damaged(folder, name, f"damaged (size {size}, the manifest records {want.get('size')})")
+    if fingerprint(p) != want.get("fingerprint"):
+        raise damaged(folder, name, "damaged, or copied from another index (its bytes do not match the manifest)")
+
+
+def check_segment_files(folder: Path, entry: dict) -> None:
+    """Each data file of a segment exists with its recorded size and fingerprint."""
+    rec = (entry.get("integrity") or {}).get("files") or {}
+    for role in ("vectors", "docs", "deletes"):
+        name = entry.get(role)
+        if name:
+            check_file(folder, name, rec.get(name))
+
+
 def check_files(folder: Path, m) -> None:
-    """Before anything parses them: each data file exists with its recorded size and fingerprint."""
-    folder = Path(folder)
-    rec = (getattr(m, "integrity", None) or {}).get("files", {})
-    for role in ("vectors", "docs"):
-        name = m.files.get(role)
-        if name is None:
-            raise damaged(folder, "manifest.json", f"damaged manifest (no {role} file)")
-        p = folder / name
-        if not p.is_file():
-            raise damaged(folder, name, "missing")
-        want = rec.get(name)
-        if want is None:
-            continue  # written before integrity records (still checked by counts below)
-        size = p.stat().st_size
-        if size != want.get("size"):
-            raise damaged(folder, name, f"damaged (size {size}, the manifest records {want.get('size')})")
-        if fingerprint(p) != want.get("fingerprint"):
-            raise damaged(folder, name, "damaged, or copied from another index (its bytes do not match the manifest)")
+    """Every segment's data files (see check_segment_files)."""
+    for entry in m.segments:
+        check_segment_files(folder, entry)
 
 
-def check_loaded(folder: Path, m, vectors, docs) -> None:
-    """Cheap agreement of the loaded parts: vector count and id set against the manifest, and
+def check_segment_loaded(folder: Path, entry: dict, vectors, docs) -> None:
+    """Cheap agreement of a loaded segment: vector count and id set against the manifest, and
     the docstore's chunk count against both."""
-    rec = getattr(m, "integrity", None) or {}
+    rec = entry.get("integrity") or {}
     n = vectors.ntotal
-    want = rec.get("ntotal", m.counts.get("chunks"))
+    want = rec.get("ntotal", entry.get("rows"))
     if n != want:
-        raise damaged(folder, m.files["vectors"], f"holds {n} vectors, the manifest records {want}")
+        raise damaged(folder, entry["vectors"], f"holds {n} vectors, the manifest records {want}")
     if "ids" in rec and ids_fingerprint(faiss_ids(vectors.index)) != rec["ids"]:
-        raise damaged(folder, m.files["vectors"], "its ids do not match the manifest (damaged, or from another index)")
+        raise damaged(folder, entry["vectors"], "its ids do not match the manifest (damaged, or from another index)")
     try:
         chunks = docs.db.execute("SELECT COUNT(*) FROM chunks").fetchone()[0]
     except DB_ERRORS as e:
-        raise damaged(folder, m.files["docs"], f"damaged ({e})") from e
+        raise damaged(folder, entry["docs"], f"damaged ({e})") from e
     if chunks != n:
-        raise damaged(folder, m.files["docs"], f"holds {chunks} chunks but the vector index {n}")
-
-
+        raise damaged(folder, entry["docs"], f"holds {chunks} chunks but the vector index {n}")

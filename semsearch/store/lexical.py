@@ -74,37 +74,23 @@ def decode_terms(blob: bytes) -> tuple[np.ndarray, np.ndarray]:
     return np.frombuffer(blob, np.int64, n), np.frombuffer(blob, np.int32, n, offset=8 * n)
 
 
-class LexicalIndex:
-    """BM25 over a fixed set of rows: posting arrays by term, scored with numpy.
-
-    `ids` (n,) are the row ids (chunk ids, or document positions in evaluation), sorted."""
+class Postings:
+    """One set of rows' posting arrays by term (a segment's, or a whole evaluation corpus's):
+    `ids` (n,) the row ids (chunk ids, or document positions in evaluation), sorted; `vocab`
+    (V,) sorted term hashes; postings of term v are rows postings[indptr[v]:indptr[v + 1]] with
+    term counts tfs[...]; `lengths` (n,) terms per row. Raw counts only: the BM25 weights depend on
+    statistics over every live row of the index, so they are computed at query time."""
 
     def __init__(self, ids: np.ndarray, lengths: np.ndarray, vocab: np.ndarray, indptr: np.ndarray,
-                 postings: np.ndarray, tfs: np.ndarray, k1: float = K1, b: float = B):
-        self.ids = ids  # (n,) int64 sorted
-        self.vocab = vocab  # (V,) int64 sorted term hashes
-        self.indptr = indptr  # (V + 1,) int64: postings of term v are [indptr[v], indptr[v + 1])
-        self.postings = postings  # (nnz,) int32 row positions
-        self.tfs = tfs  # (nnz,) int32 term counts
-        self.lengths = lengths  # (n,) terms per row
-        self.k1, self.b = k1, b
-        n = len(ids)
-        avg = float(lengths.mean()) if n else 1.0
-        df = np.diff(indptr).astype(np.float64)
-        # Lucene's BM25 IDF, always positive: log(1 + (N - df + 0.5) / (df + 0.5)).
-        self.idf = np.log1p((n - df + 0.5) / (df + 0.5)).astype(np.float32)
-        # The term-frequency part of each posting, computed once: tf (k1 + 1) / (tf + k1 (1 - b + b len / avg)).
-        tf = tfs.astype(np.float32)
-        norm = k1 * (1 - b + b * lengths.astype(np.float32) / max(avg, 1e-9))
-        weights = tf * (k1 + 1) / (tf + norm[postings]) if len(postings) else np.zeros(0, np.float32)
-        # Each posting's whole contribution, idf included, so a query only adds slices.
-        self.weights = (weights * np.repeat(self.idf, np.diff(indptr))).astype(np.float32)
+                 postings: np.ndarray, tfs: np.ndarray):
+        self.ids, self.lengths, self.vocab, self.indptr, self.postings, self.tfs = ids, lengths, vocab, indptr, postings, tfs
+        self.total_length = float(np.sum(lengths, dtype=np.float64))  # integer-valued: exact
 
     def __len__(self) -> int:
         return len(self.ids)
 
     @classmethod
-    def from_rows(cls, ids: np.ndarray, blobs: Sequence[bytes | None], lengths: np.ndarray, **kw) -> "LexicalIndex":
+    def from_rows(cls, ids: np.ndarray, blobs: Sequence[bytes | None], lengths: np.ndarray) -> "Postings":
         """Invert per-row term blobs (see encode_terms) into posting arrays."""
         ids = np.asarray(ids, np.int64)
         parts = [decode_terms(b) if b else (np.zeros(0, np.int64), np.zeros(0, np.int32)) for b in blobs]
@@ -115,7 +101,57 @@ class LexicalIndex:
         h, tf, rows = h[order], tf[order], rows[order]
         vocab, starts = np.unique(h, return_index=True)
         indptr = np.append(starts, len(h)).astype(np.int64)
-        return cls(ids, np.asarray(lengths, np.float32), vocab, indptr, rows, tf, **kw)
+        return cls(ids, np.asarray(lengths, np.float32), vocab, indptr, rows, tf)
+
+    def find(self, hashes: np.ndarray) -> np.ndarray:
+        """Each hash's position in vocab, -1 where these rows do not hold it."""
+        if not len(self.vocab) or not len(hashes):
+            return np.full(len(hashes), -1, np.int64)
+        pos = np.searchsorted(self.vocab, hashes).clip(0, len(self.vocab) - 1)
+        return np.where(self.vocab[pos] == hashes, pos, -1)
+
+
+class LexicalIndex:
+    """BM25 over the live rows of one or more posting sets (an index's segments), scored with numpy.
+
+    Statistics are those of every live row together (row count, average length, each term's
+    document frequency), so a row's score does not depend on how the rows are split into segments
+    or on deleted rows: the same live rows give the same scores, bit for bit, in one segment or many.
+    `ids` is every row's id, in row order (segments hold increasing id ranges, so it is sorted);
+    `deleted` gives, per part, the positions of its deleted rows (None: none)."""
+
+    def __init__(self, parts: Sequence[Postings], deleted: Sequence[np.ndarray | None] | None = None,
+                 k1: float = K1, b: float = B):
+        self.parts = list(parts)
+        self.k1, self.b = k1, b
+        self.offsets = np.cumsum([0] + [len(p) for p in self.parts])
+        self.ids = np.concatenate([p.ids for p in self.parts]) if self.parts else np.zeros(0, np.int64)
+        if len(self.ids) > 1 and not (np.diff(self.ids) > 0).all():
+            raise ValueError("the rows' ids are not increasing across segments")
+        deleted = list(deleted) if deleted is not None else [None] * len(self.parts)
+        self._dead: list[np.ndarray | None] = []  # per part: a boolean mask of deleted rows
+        self.live: np.ndarray | None = None  # over all rows; None: every row is live
+        total, n = 0.0, 0
+        for p, d in zip(self.parts, deleted):
+            dead = None
+            if d is not None and len(d):
+                dead = np.zeros(len(p), bool)
+                dead[d] = True
+            self._dead.append(dead)
+            n += len(p) - (int(dead.sum()) if dead is not None else 0)
+            total += p.total_length - (float(np.sum(p.lengths[dead], dtype=np.float64)) if dead is not None else 0.0)
+        if any(d is not None for d in self._dead):
+            self.live = ~np.concatenate([d if d is not None else np.zeros(len(p), bool) for p, d in zip(self.parts, self._dead)])
+        self.n = n  # live rows
+        self.average_length = total / n if n else 1.0
+        self._norms: list[np.ndarray | None] = [None] * len(self.parts)
+
+    def __len__(self) -> int:
+        return self.n
+
+    @classmethod
+    def from_rows(cls, ids: np.ndarray, blobs: Sequence[bytes | None], lengths: np.ndarray, **kw) -> "LexicalIndex":
+        return cls([Postings.from_rows(ids, blobs, lengths)], **kw)
 
     @classmethod
     def from_texts(cls, texts: Sequence[str], **kw) -> "LexicalIndex":
@@ -123,28 +159,60 @@ class LexicalIndex:
         enc = [encode_terms(t) for t in texts]
         return cls.from_rows(np.arange(len(texts)), [e[0] for e in enc], np.array([e[1] for e in enc]), **kw)
 
-    def _query_terms(self, query: str) -> np.ndarray:
-        """Positions in vocab of the query's distinct known terms."""
-        q = np.array(list(dict.fromkeys(terms(query)))[:MAX_TERMS], np.int64)
-        if not len(q) or not len(self.vocab):
-            return np.zeros(0, np.int64)
-        pos = np.searchsorted(self.vocab, q).clip(0, len(self.vocab) - 1)
-        return pos[self.vocab[pos] == q]
+    def _norm(self, j: int) -> np.ndarray:
+        """k1 (1 - b + b len / avg) of part j's rows (float32), made on first use."""
+        norm = self._norms[j]
+        if norm is None:
+            k1, b = self.k1, self.b
+            norm = self._norms[j] = k1 * (1 - b + b * self.parts[j].lengths.astype(np.float32) / max(self.average_length, 1e-9))
+        return norm
+
+    def query_hashes(self, query: str) -> np.ndarray:
+        """The query's distinct terms, in order of first occurrence (at most MAX_TERMS)."""
+        return np.array(list(dict.fromkeys(terms(query)))[:MAX_TERMS], np.int64)
+
+    def _terms(self, hashes: np.ndarray) -> list[tuple[int, float, list[tuple[int, int, int]]]]:
+        """For each hash some live row holds: (hash, idf as float32, [(part, lo, hi)] of its postings)."""
+        found = [p.find(hashes) for p in self.parts]
+        out = []
+        for t, h in enumerate(hashes.tolist()):
+            spans, df = [], 0
+            for j, p in enumerate(self.parts):
+                v = int(found[j][t])
+                if v < 0:
+                    continue
+                lo, hi = int(p.indptr[v]), int(p.indptr[v + 1])
+                dead = self._dead[j]
+                df += (hi - lo) - (int(dead[p.postings[lo:hi]].sum()) if dead is not None else 0)
+                spans.append((j, lo, hi))
+            if df:
+                # Lucene's BM25 IDF, always positive: log(1 + (N - df + 0.5) / (df + 0.5)).
+                out.append((h, float(np.float32(np.log1p((self.n - df + 0.5) / (df + 0.5)))), spans))
+        return out
+
+    def _weights(self, j: int, lo: int, hi: int, idf: float) -> np.ndarray:
+        """idf * tf (k1 + 1) / (tf + k1 (1 - b + b len / avg)) of postings lo:hi of part j (float32)."""
+        p = self.parts[j]
+        tf = p.tfs[lo:hi].astype(np.float32)
+        return (tf * (self.k1 + 1) / (tf + self._norm(j)[p.postings[lo:hi]])) * np.float32(idf)
 
     def score_all(self, query: str) -> np.ndarray:
-        """BM25 scores (n,) of every row for query (0 where no query term occurs)."""
+        """BM25 scores (rows,) of every row for query (0 where no query term occurs; deleted rows
+        may hold scores: top() leaves them out)."""
         acc = np.zeros(len(self.ids), np.float32)
-        for v in self._query_terms(query):
-            lo, hi = self.indptr[v], self.indptr[v + 1]
-            acc[self.postings[lo:hi]] += self.weights[lo:hi]  # a term posts a row at most once
+        for _, idf, spans in self._terms(self.query_hashes(query)):
+            for j, lo, hi in spans:
+                acc[self.offsets[j] + self.parts[j].postings[lo:hi]] += self._weights(j, lo, hi, idf)  # a term posts a row at most once
         return acc
 
     def top(self, acc: np.ndarray, n: int, allowed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """(ids, scores) of the n best rows with a positive score in acc, best first; `allowed`
-        is a boolean mask over rows."""
+        """(ids, scores) of the n best live rows with a positive score in acc, best first;
+        `allowed` is a boolean mask over rows."""
         hit = acc > 0
         if allowed is not None:
             hit &= allowed
+        if self.live is not None:
+            hit &= self.live
         pos = np.flatnonzero(hit)
         s = acc[pos]
         if len(pos) > n:
@@ -158,23 +226,54 @@ class LexicalIndex:
         ids, s = self.top(self.score_all(query), n, allowed)
         return list(zip(ids.tolist(), s.tolist()))
 
-    def lookup(self, acc: np.ndarray, ids: np.ndarray) -> np.ndarray:
-        """The scores in acc of the given ids (0 for ids this index does not hold)."""
+    def rows_of(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(row positions, held) of ids: held is False for ids no live row has."""
         ids = np.asarray(ids, np.int64)
         if not len(self.ids):
-            return np.zeros(len(ids), np.float32)
+            return np.zeros(len(ids), np.int64), np.zeros(len(ids), bool)
         pos = np.searchsorted(self.ids, ids).clip(0, len(self.ids) - 1)
-        return np.where(self.ids[pos] == ids, acc[pos], 0.0).astype(np.float32)
+        held = self.ids[pos] == ids
+        if self.live is not None:
+            held &= self.live[pos]
+        return pos, held
+
+    def lookup(self, acc: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        """The scores in acc of the given ids (0 for ids this index does not hold)."""
+        pos, held = self.rows_of(ids)
+        return np.where(held, acc[pos] if len(acc) else 0.0, 0.0).astype(np.float32)
 
     def scores_for(self, query: str, ids: Iterable[int]) -> dict[int, float]:
         """BM25 scores of the given ids (0.0 where no query term occurs; unknown ids absent)."""
         ids = np.fromiter((int(i) for i in ids), np.int64)
         if not len(ids) or not len(self.ids):
             return {}
-        pos = np.searchsorted(self.ids, ids).clip(0, len(self.ids) - 1)
-        known = self.ids[pos] == ids
+        pos, held = self.rows_of(ids)
         acc = self.score_all(query)
-        return {int(i): float(acc[p]) for i, p, k in zip(ids, pos, known) if k}
+        return {int(i): float(acc[p]) for i, p, k in zip(ids, pos, held) if k}
+
+    def explain_terms(self, hashes: np.ndarray, ids: np.ndarray) -> tuple[list[tuple[int, float, list[float], list[int]]], list[float]]:
+        """For explanations: per query term a live row holds, (hash, idf, each id's part of the
+        score, each id's term count), as score_all() adds them; and each held id's length."""
+        pos, held = self.rows_of(ids)
+        part = np.searchsorted(self.offsets, pos, "right") - 1
+        cols = []
+        for h, idf, spans in self._terms(np.asarray(hashes, np.int64)):
+            c, tf = [0.0] * len(ids), [0] * len(ids)
+            for j, lo, hi in spans:
+                mine = np.flatnonzero(held & (part == j))
+                if not len(mine):
+                    continue
+                local = pos[mine] - self.offsets[j]
+                plist = self.parts[j].postings[lo:hi]
+                at = np.searchsorted(plist, local).clip(0, max(hi - lo - 1, 0))
+                ok = plist[at] == local if hi > lo else np.zeros(len(local), bool)
+                w = self._weights(j, lo, hi, idf)
+                for m, a, f in zip(mine.tolist(), at.tolist(), ok.tolist()):
+                    if f:
+                        c[m], tf[m] = float(w[a]), int(self.parts[j].tfs[lo + a])
+            cols.append((h, idf, c, tf))
+        lengths = [float(self.parts[int(part[i])].lengths[pos[i] - self.offsets[int(part[i])]]) for i in np.flatnonzero(held)]
+        return cols, lengths
 
 
 # ---- persistence in the docstore ------------------------------------------------------------
@@ -183,10 +282,14 @@ DTYPES = {"ids": np.int64, "lengths": np.float32, "vocab": np.int64, "indptr": n
 SCHEMA = "CREATE TABLE IF NOT EXISTS lexical (name TEXT PRIMARY KEY, data BLOB NOT NULL);"
 
 
-def add_columns(db: sqlite3.Connection) -> bool:
+def add_columns(db: sqlite3.Connection, missing_only: bool = False) -> bool:
     """Give an older docstore the chunk columns of the lexical index and fill them from the chunk
-    texts; gives back True when it had to."""
+    texts; gives back True when it had to. `missing_only`: fill the rows that lack them."""
     cols = {r[1] for r in db.execute("PRAGMA table_info(chunks)")}
+    if missing_only:
+        rows = db.execute("SELECT id, text FROM chunks WHERE lex IS NULL").fetchall()
+        db.executemany("UPDATE chunks SET lex = ?, lex_len = ? WHERE id = ?", ((*encode_terms(t), i) for i, t in rows))
+        return bool(rows)
     if "lex" in cols:
         return False
     db.execute("ALTER TABLE chunks ADD COLUMN lex BLOB")
@@ -200,7 +303,7 @@ def write(db: sqlite3.Connection) -> int:
     """Invert the chunks' terms into the `lexical` table (at commit); gives back the row count."""
     db.executescript(SCHEMA)
     rows = db.execute("SELECT id, lex, lex_len FROM chunks ORDER BY id").fetchall()
-    li = LexicalIndex.from_rows(np.array([r[0] for r in rows], np.int64), [r[1] for r in rows],
+    li = Postings.from_rows(np.array([r[0] for r in rows], np.int64), [r[1] for r in rows],
                                 np.array([r[2] or 0 for r in rows], np.float32))
     data = {k: getattr(li, k) for k in ARRAYS}
     db.execute("DELETE FROM lexical")
@@ -210,8 +313,8 @@ def write(db: sqlite3.Connection) -> int:
     return len(li)
 
 
-def load(db: sqlite3.Connection) -> LexicalIndex | None:
-    """The lexical index of a docstore: its stored posting arrays where they are current, else
+def load(db: sqlite3.Connection) -> Postings | None:
+    """The posting arrays of a docstore: its stored posting arrays where they are current, else
     inverted from the chunk rows; None where the docstore predates lexical search."""
     cols = {r[1] for r in db.execute("PRAGMA table_info(chunks)")}
     if "lex" not in cols:
@@ -223,7 +326,7 @@ def load(db: sqlite3.Connection) -> LexicalIndex | None:
         meta = json.loads(blobs.get("meta", b"{}"))
         if meta.get("analyzer") == ANALYZER and meta.get("rows") == n and all(k in blobs for k in ARRAYS):
             a = {k: np.frombuffer(blobs[k], DTYPES[k]) for k in ARRAYS}
-            return LexicalIndex(a["ids"], a["lengths"], a["vocab"], a["indptr"], a["postings"], a["tfs"])
+            return Postings(a["ids"], a["lengths"], a["vocab"], a["indptr"], a["postings"], a["tfs"])
     rows = db.execute("SELECT id, lex, lex_len FROM chunks ORDER BY id").fetchall()
-    return LexicalIndex.from_rows(np.array([r[0] for r in rows], np.int64), [r[1] for r in rows],
+    return Postings.from_rows(np.array([r[0] for r in rows], np.int64), [r[1] for r in rows],
                                   np.array([r[2] or 0 for r in rows], np.float32))

@@ -1,4 +1,10 @@
-"""The manifest: everything needed to query an index folder correctly, as JSON."""
+"""The manifest: everything needed to query an index folder correctly, as JSON.
+
+Format 2: the index is an ordered list of immutable segments (each a docstore `docs.<s>.sqlite`
+and a vector index `vectors.<s>.faiss`, with an optional tombstone file `del.<s>.<g>.npz` naming
+the chunks and files deleted from it since). Segments hold disjoint, increasing ranges of chunk
+ids, in list order. Format 1 (one docstore and one vector index) reads as one segment.
+"""
 from __future__ import annotations
 
 import json
@@ -10,7 +16,8 @@ from typing import Any
 from semsearch.errors import IndexFormatError
 from semsearch.store.files import DATA_FILE, damaged, fsync_dir, remedy
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE = (1, 2)  # format 1 opens as one segment; the next write publishes format 2
 MANIFEST = "manifest.json"
 
 
@@ -32,12 +39,26 @@ class Manifest:
     index: dict[str, Any] = field(default_factory=lambda: {"type": "flat"})
     counts: dict[str, int] = field(default_factory=lambda: {"files": 0, "documents": 0, "chunks": 0})
     generation: int = 0
-    files: dict[str, str] = field(default_factory=dict)  # 'vectors', 'docs' -> file names of this generation
+    segments: list[dict[str, Any]] = field(default_factory=list)  # see semsearch/store/segments.py
+    next_ids: dict[str, int] = field(default_factory=dict)  # 'chunk', 'file', 'segment': the next free ids
     created: str = ""
     updated: str = ""
     last_run: dict[str, Any] = field(default_factory=dict)
-    integrity: dict[str, Any] | None = None  # sizes, fingerprints, hashes of the data files; vector count and id set
     format_version: int = FORMAT_VERSION
+
+    @property
+    def files(self) -> dict[str, str]:
+        """The data files of the first segment (an index built in one run has one segment)."""
+        if not self.segments:
+            return {}
+        return {"docs": self.segments[0]["docs"], "vectors": self.segments[0]["vectors"]}
+
+    def data_files(self) -> set[str]:
+        """Every data file this manifest names."""
+        out: set[str] = set()
+        for s in self.segments:
+            out |= {s["docs"], s["vectors"]} | ({s["deletes"]} if s.get("deletes") else set())
+        return out
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
@@ -64,10 +85,12 @@ class Manifest:
         except (ValueError, OSError) as e:
             raise IndexFormatError(f"{path}: damaged manifest ({e}); {remedy(folder)}") from e
         version = raw.get("format_version") if isinstance(raw, dict) else None
-        if version != FORMAT_VERSION:
+        if version == 1 and isinstance(raw, dict):
+            raw = upgrade_v1(raw, path)
+        elif version not in READABLE:
             raise IndexFormatError(
-                f"{folder} was written by index format version {version}; this semsearch reads version "
-                f"{FORMAT_VERSION}. Rebuild it with `semsearch index CORPUS --index {folder} --rebuild`."
+                f"{folder} was written by index format version {version}; this semsearch reads versions "
+                f"{', '.join(map(str, READABLE))}. Rebuild it with `semsearch index CORPUS --index {folder} --rebuild`."
             )
         check_manifest(raw, path)
         known = {k: v for k, v in raw.items() if k in cls.__dataclass_fields__}
@@ -80,9 +103,9 @@ class Manifest:
 # ---- the manifest's own shape ------------------------------------------------------------------
 _TYPES: dict[str, type | tuple[type, ...]] = {
     "model": str, "model_fingerprint": str, "backend": str, "pooling": str, "dim": int, "max_length": int,
-    "precision": str, "chunking": dict, "counts": dict, "index": dict, "files": dict, "generation": int,
+    "precision": str, "chunking": dict, "counts": dict, "index": dict, "segments": list, "next_ids": dict, "generation": int,
     "head": (dict, type(None)), "states": (dict, type(None)), "model_files": dict, "last_run": dict,
-    "integrity": (dict, type(None)), "created": str, "updated": str, "metric": str, "normalized": bool,
+    "created": str, "updated": str, "metric": str, "normalized": bool,
 }
 
 
@@ -109,22 +132,14 @@ def check_manifest(raw: Any, path: Path) -> None:
     if states is not None and not (states.get("dtype") == "float16" and isinstance(states.get("dim"), int)
                                    and not isinstance(states.get("dim"), bool) and states["dim"] > 0):
         raise damaged(folder, path.name, "damaged manifest (states needs dtype float16 and a dim)")
-    files = raw.get("files", {})
-    if set(files) != {"vectors", "docs"}:
-        raise damaged(folder, path.name, f"damaged manifest (files {sorted(files)}, expected docs and vectors)")
-    for role, name in files.items():
-        if role not in ("vectors", "docs") or not isinstance(name, str) or not DATA_FILE.fullmatch(name) \
-                or not name.startswith(role + ".") or name.endswith(".sqlite") != (role == "docs"):
-            raise damaged(folder, path.name, f"damaged manifest (file {role!r} is {name!r}, not a data file of this folder)")
-    rec = raw.get("integrity")
-    if rec is not None:
-        recs = rec.get("files")
-        if not isinstance(recs, dict) or not all(
-                isinstance(v, dict) and _is_int(v.get("size")) and isinstance(v.get("fingerprint"), str)
-                and isinstance(v.get("sha256"), str) for v in recs.values()) \
-                or not _is_int(rec.get("ntotal")) or not isinstance(rec.get("ids"), str) \
-                or not set(recs) <= set(raw.get("files", {}).values()):
-            raise damaged(folder, path.name, "damaged manifest (integrity records)")
+    segs = raw.get("segments", [])
+    if not isinstance(segs, list) or not all(isinstance(x, dict) for x in segs):
+        raise damaged(folder, path.name, "damaged manifest (segments is not a list of objects)")
+    for x in segs:
+        check_segment(x, folder, path.name)
+    ids = raw.get("next_ids", {})
+    if not isinstance(ids, dict) or not all(_is_int(v) for v in ids.values()):
+        raise damaged(folder, path.name, "damaged manifest (next_ids)")
     if raw.get("dim", 1) < 1 or raw.get("max_length", 3) < 3:
         raise damaged(folder, path.name, "damaged manifest (dim or max_length out of range)")
     if raw.get("index", {}).get("type", "flat") not in ("flat", "ivf", "ivf-fastscan", "ivf-sq8", "hnsw"):
@@ -133,3 +148,61 @@ def check_manifest(raw: Any, path: Path) -> None:
 
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
+
+
+def check_segment(x: dict, folder: Path, name: str) -> None:
+    """One segment entry: plain data-file names of this folder, integer counts, integrity records."""
+    sid = x.get("id")
+    if not _is_int(sid) or sid < 0:
+        raise damaged(folder, name, "damaged manifest (a segment without an id)")
+    for role, ext in (("docs", "sqlite"), ("vectors", "faiss")):
+        v = x.get(role)
+        if not isinstance(v, str) or not DATA_FILE.fullmatch(v) or not v.startswith(role + ".") or not v.endswith(ext):
+            raise damaged(folder, name, f"damaged manifest (segment {sid}: file {role!r} is {v!r}, not a data file of this folder)")
+    d = x.get("deletes")
+    if d is not None and not (isinstance(d, str) and DATA_FILE.fullmatch(d) and d.startswith("del.")):
+        raise damaged(folder, name, f"damaged manifest (segment {sid}: deletes {d!r} is not a data file of this folder)")
+    for key in ("rows", "live", "files", "documents"):
+        if not _is_int(x.get(key)) or x[key] < 0:
+            raise damaged(folder, name, f"damaged manifest (segment {sid}: {key} is not a count)")
+    for key in ("min_id", "max_id"):
+        if x.get(key) is not None and not _is_int(x[key]):
+            raise damaged(folder, name, f"damaged manifest (segment {sid}: {key})")
+    if not isinstance(x.get("index", {}), dict) or not isinstance(x.get("index", {}).get("params", {}), dict):
+        raise damaged(folder, name, f"damaged manifest (segment {sid}: index)")
+    if x.get("index", {}).get("type", "flat") not in ("flat", "ivf", "ivf-fastscan", "ivf-sq8", "hnsw"):
+        raise damaged(folder, name, f"damaged manifest (segment {sid}: unknown index type {x['index'].get('type')!r})")
+    if not isinstance(x.get("states", []), list) or not all(isinstance(v, str) for v in x.get("states", [])):
+        raise damaged(folder, name, f"damaged manifest (segment {sid}: states)")
+    rec = x.get("integrity")
+    if rec is not None:
+        recs = rec.get("files") if isinstance(rec, dict) else None
+        names = {x["docs"], x["vectors"]} | ({d} if d else set())
+        if not isinstance(recs, dict) or not all(
+                isinstance(v, dict) and _is_int(v.get("size")) and isinstance(v.get("fingerprint"), str)
+                and isinstance(v.get("sha256"), str) for v in recs.values()) \
+                or not _is_int(rec.get("ntotal")) or not isinstance(rec.get("ids"), str) or not set(recs) <= names:
+            raise damaged(folder, name, f"damaged manifest (segment {sid}: integrity records)")
+
+
+def upgrade_v1(raw: dict, path: Path) -> dict:
+    """A format-1 manifest (one docstore, one vector index) as format 2: one segment holding
+    them, no deletions. Nothing on disk changes until the next write publishes format 2."""
+    folder = Path(path).parent
+    raw = dict(raw)
+    files = raw.pop("files", None)
+    integrity = raw.pop("integrity", None)
+    if not isinstance(files, dict) or set(files) != {"vectors", "docs"}:
+        raise damaged(folder, path.name, f"damaged manifest (files {sorted(files or {})}, expected docs and vectors)")
+    counts = raw.get("counts") if isinstance(raw.get("counts"), dict) else {}
+    gen = raw.get("generation", 0)
+    seg = {"id": gen if _is_int(gen) else 0, "docs": files["docs"], "vectors": files["vectors"], "deletes": None,
+           "rows": counts.get("chunks", 0), "live": counts.get("chunks", 0), "files": counts.get("files", 0),
+           "documents": counts.get("documents", 0), "min_id": None, "max_id": None,
+           "index": raw.get("index", {"type": "flat"}), "integrity": integrity, "states": None}
+    if seg["states"] is None:
+        seg.pop("states")
+    raw["segments"] = [seg]
+    raw["next_ids"] = {}
+    raw["format_version"] = FORMAT_VERSION
+    return raw

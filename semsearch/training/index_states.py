@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,8 +46,7 @@ def _open(folder: Path, encoder):
         raise SettingsMismatch(f"{folder}: the index was built with model weights {m.model_fingerprint}, not {encoder.fingerprint}")
     if encoder is not None and m.max_length != encoder.max_length:
         raise SettingsMismatch(f"{folder}: the index's max length is {m.max_length}, not {encoder.max_length}")
-    db = sqlite3.connect(f"file:{folder / m.files['docs']}?mode=ro", uri=True)
-    return m, db
+    return m
 
 
 def _spans(folder: Path, dim: int, refs: list[tuple[str, int, int]]) -> StateCache:
@@ -61,10 +59,11 @@ def _spans(folder: Path, dim: int, refs: list[tuple[str, int, int]]) -> StateCac
 
 def index_chunks(folder: Path, encoder=None) -> IndexChunks:
     """Every chunk of an index with kept token states: texts, metadata and states (memory-mapped)."""
-    m, db = _open(folder, encoder)
-    rows = db.execute("SELECT text, metadata, ord, state_file, state_off, state_len FROM chunks "
-                      "WHERE state_file IS NOT NULL ORDER BY id").fetchall()
-    db.close()
+    from semsearch.store.segments import read_rows
+
+    m = _open(folder, encoder)
+    rows = [r[1:] for r in read_rows(folder, m, "c.text, c.metadata, c.ord, c.state_file, c.state_off, c.state_len",
+                                     "c.state_file IS NOT NULL")]
     if not rows:
         raise InputError(f"{folder}: the index holds no chunks with kept token states")
     return IndexChunks([r[0] for r in rows], [json.loads(r[1]) if r[1] else {} for r in rows], [r[2] for r in rows],
@@ -136,18 +135,19 @@ def passage_states(folder: Path, passages: list[str], passage_ids: list[str] | N
                    progress: bool | None = None, id_field: str = "_id") -> IndexStates:
     """Token states of `passages` taken from the index's kept states (by document id, else by
     exact text); the few the index lacks are encoded."""
-    m, db = _open(folder, encoder)
+    from semsearch.store.segments import read_rows
+
+    m = _open(folder, encoder)
     by_id: dict[str, tuple[str, int, int]] = {}
     by_text: dict[str, tuple[str, int, int]] = {}
-    for ord_, text, meta, sf, so, sl in db.execute(
-            "SELECT ord, text, metadata, state_file, state_off, state_len FROM chunks WHERE state_file IS NOT NULL"):
+    for _, ord_, text, meta, sf, so, sl in read_rows(
+            folder, m, "c.ord, c.text, c.metadata, c.state_file, c.state_off, c.state_len", "c.state_file IS NOT NULL"):
         ref = (sf, so, sl)
         if ord_ == 0 and meta:
             doc = json.loads(meta).get(id_field)
             if doc is not None:
                 by_id.setdefault(str(doc), ref)
         by_text.setdefault(text, ref)
-    db.close()
     refs: list[tuple[str, int, int] | None] = []
     for i, text in enumerate(passages):
         ref = by_id.get(passage_ids[i]) if passage_ids is not None else None

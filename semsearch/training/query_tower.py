@@ -151,16 +151,12 @@ def index_passages(folder: Path) -> PairData:
     on the corpus alone."""
     import json
 
-    from semsearch.store.docstore import DocStore
     from semsearch.store.manifest import Manifest
+    from semsearch.store.segments import read_rows
 
     folder = Path(folder)
     m = Manifest.load(folder)
-    docs = DocStore(folder / m.files["docs"], readonly=True)
-    try:
-        rows = docs.db.execute("SELECT text, metadata FROM chunks WHERE ord = 0 ORDER BY id").fetchall()
-    finally:
-        docs.close()
+    rows = [r[1:] for r in read_rows(folder, m, "c.text, c.metadata", "c.ord = 0")]
     texts = [r[0] for r in rows]
     ids = [str((json.loads(r[1]) if r[1] else {}).get("_id", i)) for i, r in enumerate(rows)]
     return PairData([], texts, {}, passage_ids=ids, checksum=texts_checksum(texts), source=f"{folder} (unlabelled)")
@@ -175,7 +171,7 @@ def index_vectors(folder: Path, data: PairData, encoder, id_field: str = "_id") 
     from semsearch.encoder.heads import corpus_record, index_row_key
 
     from semsearch.errors import SettingsMismatch
-    from semsearch.store.docstore import DocStore
+    from semsearch.store.folder import open_index
     from semsearch.store.manifest import Manifest
 
     folder = Path(folder)
@@ -186,12 +182,12 @@ def index_vectors(folder: Path, data: PairData, encoder, id_field: str = "_id") 
     if m.pooling != encoder.pooling:
         raise SettingsMismatch(f"{folder}: its vectors are {m.pooling!r}-pooled; the query layers are trained for "
                                f"{encoder.pooling!r} documents (give --pooling {m.pooling})")
-    docs = DocStore(folder / m.files["docs"], readonly=True)
+    docs = open_index(folder)[2]
     try:
         by_id: dict[str, int] = {}
         by_text: dict[str, int] = {}
         keys: list[str] = []
-        for cid, ord_, text, meta in docs.db.execute("SELECT id, ord, text, metadata FROM chunks ORDER BY id"):
+        for cid, ord_, text, meta in docs.select("c.ord, c.text, c.metadata"):
             if ord_ == 0:
                 keys.append(index_row_key(meta, text))
             if ord_ == 0 and meta:

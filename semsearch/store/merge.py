@@ -1,0 +1,221 @@
+"""Merging segments, and the policy that decides when.
+
+A write adds one small segment; left alone, a stream of writes would leave thousands of them
+and every search would visit each. The policy (a log-structured one, as Lucene's
+LogMergePolicy): a segment's level is the order of magnitude of its live chunks (all below
+BASE are level 0); whenever FACTOR adjacent segments share a level they are merged into one, so
+each level holds fewer than FACTOR segments and the count grows with the logarithm of the index.
+A segment whose deleted chunks pass DELETED_SHARE is rewritten without them; a segment with no
+live chunk is dropped; past MAX_SEGMENTS the two smallest neighbours are merged. Only adjacent
+segments are merged, so segments keep disjoint, increasing id ranges.
+
+A merge copies the live rows (texts, metadata, vectors, lexical terms, kept-state references;
+ids unchanged) through SQLite, builds the merged segment's vector index from the stored vectors
+(no re-encoding), and is published with the write that asked for it, in one manifest rename.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from semsearch.store import integrity
+from semsearch.store.docstore import DocStore
+from semsearch.store.files import fsync_file
+from semsearch.store.segments import Tombstones
+from semsearch.store.vectors import IVF_TYPES, VectorIndex, bytes_per_vector, choose_type, exact_knn, resolve_index_device, tune
+
+log = logging.getLogger(__name__)
+
+FACTOR = 10  # adjacent segments of one level merged at once
+BASE = 1000  # live chunks below which a segment is level 0
+DELETED_SHARE = 0.3  # a segment with more deleted rows than this is rewritten
+MAX_SEGMENTS = 32
+MIN_APPROX = 50  # segments smaller than this are flat (searched exactly) whatever index type was forced
+
+FILE_COLS = "id, path, hash, size, mtime_ns, documents, indexed_at, ctime_ns, inode"
+CHUNK_COLS = "id, file_id, row, ord, start, end, line, text, metadata, vector, state_file, state_off, state_len, lex, lex_len"
+
+
+def level(live: int) -> int:
+    return 0 if live < BASE else int(math.log10(live / BASE)) + 1
+
+
+def plan(entries: list[dict], everything: bool = False) -> list[tuple[int, int]]:
+    """Ranges [a, b) of adjacent entries to merge, in order and disjoint (each becomes one segment)."""
+    n = len(entries)
+    if everything:
+        return [(0, n)] if n > 1 or (n == 1 and entries[0]["rows"] > entries[0]["live"]) else []
+    sizes = [int(e["live"]) for e in entries]
+    groups: list[list[int]] = [[i] for i in range(n)]  # current grouping, merged step by step
+    gsize = list(sizes)
+
+    def lv(g: int) -> int:
+        return level(gsize[g])
+
+    changed = True
+    while changed:
+        changed = False
+        for g in range(len(groups) - FACTOR, -1, -1):  # newest (smallest) first
+            window = range(g, g + FACTOR)
+            if len({lv(x) for x in window}) == 1:
+                groups[g : g + FACTOR] = [[i for x in window for i in groups[x]]]
+                gsize[g : g + FACTOR] = [sum(gsize[x] for x in window)]
+                changed = True
+                break
+    while len(groups) > MAX_SEGMENTS:
+        j = min(range(len(groups) - 1), key=lambda x: gsize[x] + gsize[x + 1])
+        groups[j : j + 2] = [groups[j] + groups[j + 1]]
+        gsize[j : j + 2] = [gsize[j] + gsize[j + 1]]
+    out = []
+    for g in groups:
+        a, b = g[0], g[-1] + 1
+        if b - a > 1:
+            out.append((a, b))
+        else:
+            e = entries[a]
+            if e["rows"] >= BASE and e["rows"] - e["live"] > DELETED_SHARE * e["rows"]:
+                out.append((a, b))  # rewritten alone, without its deleted rows
+    return out
+
+
+def apply(folder: Path, entries: list[dict], dim: int, manifest, next_segment: int,
+          everything: bool = False) -> tuple[list[dict], int]:
+    """The entries after the merges the policy asks for (each merged segment written and
+    fsynced); gives back (entries, next free segment id)."""
+    out: list[dict] = []
+    at = 0
+    for a, b in plan(entries, everything):
+        out += entries[at:a]
+        t = time.perf_counter()
+        out.append(merge(Path(folder), entries[a:b], next_segment, dim, manifest))
+        log.info("merged %d segment(s) into segment %d (%d chunks) in %.2f s", b - a, next_segment, out[-1]["live"],
+                 time.perf_counter() - t)
+        next_segment += 1
+        at = b
+    out += entries[at:]
+    return [e for e in out if e["live"] > 0 or e["files"] > 0], next_segment
+
+
+def copy_live(dst: sqlite3.Connection, src: Path, dead: Tombstones) -> None:
+    """Copy the live files and chunks of the docstore at src into dst (same ids), with the new
+    stat of files the tombstones record."""
+    dst.commit()  # SQLite attaches only outside a transaction
+    dst.execute("ATTACH DATABASE ? AS src", (str(src),))
+    try:
+        dst.execute("CREATE TEMP TABLE IF NOT EXISTS dead_chunks (id INTEGER PRIMARY KEY)")
+        dst.execute("CREATE TEMP TABLE IF NOT EXISTS dead_files (id INTEGER PRIMARY KEY)")
+        dst.execute("DELETE FROM dead_chunks")
+        dst.execute("DELETE FROM dead_files")
+        dst.executemany("INSERT INTO dead_chunks VALUES (?)", ((int(i),) for i in dead.chunks))
+        dst.executemany("INSERT INTO dead_files VALUES (?)", ((int(i),) for i in dead.files))
+        src_file_cols = {r[1] for r in dst.execute("PRAGMA src.table_info(files)")}
+        fcols = ", ".join(c if c in src_file_cols else "0" for c in FILE_COLS.split(", "))
+        dst.execute(f"INSERT INTO files ({FILE_COLS}) SELECT {fcols} FROM src.files WHERE id NOT IN (SELECT id FROM dead_files)")
+        src_chunk_cols = {r[1] for r in dst.execute("PRAGMA src.table_info(chunks)")}
+        ccols = ", ".join(c if c in src_chunk_cols else "NULL" for c in CHUNK_COLS.split(", "))
+        dst.execute(f"INSERT INTO chunks ({CHUNK_COLS}) SELECT {ccols} FROM src.chunks WHERE id NOT IN (SELECT id FROM dead_chunks)")
+        dst.executemany("UPDATE files SET size = ?, mtime_ns = ?, ctime_ns = ?, inode = ? WHERE id = ?",
+                        [(*s, f) for f, s in dead.stats.items()])
+        dst.commit()
+    finally:
+        dst.execute("DETACH DATABASE src")
+
+
+def merge(folder: Path, group: list[dict], seg_id: int, dim: int, manifest) -> dict:
+    """One segment holding the live rows of the group's segments: written, indexed, fsynced;
+    gives back its manifest entry."""
+    docs_file, vectors_file = f"docs.{seg_id}.sqlite", f"vectors.{seg_id}.faiss"
+    store = DocStore(folder / docs_file)
+    try:
+        store.db.execute("PRAGMA journal_mode = OFF")  # unpublished until fsynced and named by the manifest
+        store.db.execute("PRAGMA synchronous = OFF")
+        states: set[str] = set()
+        for e in group:
+            dead = Tombstones.load(folder / e["deletes"]) if e.get("deletes") else Tombstones()
+            copy_live(store.db, folder / e["docs"], dead)
+            states |= set(e.get("states") or [])
+        counts = store.counts()
+        if any("states" not in e for e in group):
+            states = store.state_files()
+        index = (manifest.index or {})
+        requested = index.get("type", "auto") if index.get("forced") else "auto"
+        target = (index.get("recall") or {}).get("target", 0.95)
+        vi, entry = build_vectors(store, dim, requested, counts["chunks"], target, params=index.get("params"))
+        store.write_lexical()
+        store.commit()
+        lo, hi = store.db.execute("SELECT MIN(id), MAX(id) FROM chunks").fetchone()
+    finally:
+        store.close()
+    vi.save(folder / vectors_file)
+    for name in (docs_file, vectors_file):
+        fsync_file(folder / name)
+    return {"id": seg_id, "docs": docs_file, "vectors": vectors_file, "deletes": None, "rows": counts["chunks"],
+            "live": counts["chunks"], "files": counts["files"], "documents": counts["documents"], "min_id": lo, "max_id": hi,
+            "index": entry, "states": sorted(states),
+            "integrity": integrity.record(folder, [docs_file, vectors_file], vi)}
+
+
+def segment_type(requested: str, n: int, dim: int, max_bytes_per_vector: int | None = None) -> str:
+    """The vector index type of a segment of n chunks: as choose_type() decides (automatic: flat,
+    searched exactly, below 50k chunks), except that a tiny segment (a document written by an
+    upsert) is flat whatever type was forced: nothing to train an approximate index on."""
+    if n < MIN_APPROX:
+        return "flat"
+    return choose_type(requested, n, dim, max_bytes_per_vector)
+
+
+def build_vectors(docs: DocStore, dim: int, requested: str, n: int, target: float, params: dict | None = None,
+                  k: int = 10, sample: int = 500, tune_queries: np.ndarray | None = None, device: str = "cpu",
+                  max_bytes_per_vector: int | None = None, current: VectorIndex | None = None,
+                  trained_on: int = 0) -> tuple[VectorIndex, dict[str, Any]]:
+    """The vector index of a segment's docstore (n chunks) and its manifest entry: the type for
+    its size; `current` (the index filled while writing) is kept where it is that type and needs
+    no retraining; the search knob is tuned to recall `target` at k."""
+    t0 = time.perf_counter()
+    kind = segment_type(requested, n, dim, max_bytes_per_vector)
+    vi = current
+    rebuild = vi is None or vi.kind != kind or vi.dirty or (kind in IVF_TYPES and n > 4 * max(trained_on, 1))
+    if rebuild:
+        keep = {k_: v for k_, v in (params or {}).items() if k_ in ("M", "efConstruction", "k_factor")} if vi is None or vi.kind == kind else {}
+        vi = VectorIndex.build(dim, kind, docs.iter_vectors(), n, keep, device=resolve_index_device(device))
+        trained_on = n
+    entry: dict[str, Any] = {"type": kind, "params": vi.params, "trained_on": trained_on,
+                             "bytes_per_vector": bytes_per_vector(kind, dim), "built_on": vi.built_on}
+    if kind != "flat" and n > k:
+        rng = np.random.default_rng(0)
+        if tune_queries is not None and len(tune_queries):
+            queries, self_ids = np.ascontiguousarray(tune_queries, np.float32), None
+        else:  # held-out corpus vectors: each query's own vector is excluded from both lists
+            ids, vecs = zip(*docs.iter_vectors())
+            all_ids, all_vecs = np.concatenate(ids), np.concatenate(vecs)
+            pick = rng.choice(n, min(sample, n), replace=False)
+            queries, self_ids = all_vecs[pick], all_ids[pick]
+        exact = exact_knn(queries, docs.iter_vectors(), k, self_ids)
+        entry["recall"] = tune(vi, queries, exact, k, target, self_ids)
+        entry["params"] = vi.params
+    entry["build_seconds"] = round(time.perf_counter() - t0, 2)
+    return vi, entry
+
+
+def summary(entries: list[dict], new_index: dict) -> dict[str, Any]:
+    """The manifest's `index` entry: the largest segment's (its type is what searches mostly
+    run on), whether the type was forced, and the types of all segments."""
+    if not entries:
+        return dict(new_index)
+    big = max(entries, key=lambda e: e["live"])
+    out = dict(big.get("index") or {"type": "flat"})
+    out["forced"] = bool(new_index.get("forced"))
+    if out["forced"]:
+        out["type"] = new_index.get("requested", new_index.get("type", out.get("type")))
+    kinds: dict[str, int] = {}
+    for e in entries:
+        t = (e.get("index") or {}).get("type", "flat")
+        kinds[t] = kinds.get(t, 0) + 1
+    out["segments"] = kinds
+    return out

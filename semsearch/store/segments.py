@@ -1,0 +1,517 @@
+"""An index generation as readers see it: an ordered list of immutable segments, each with the
+chunks and files deleted from it since it was written.
+
+A segment is a docstore (`docs.<s>.sqlite`: files, chunks, texts, metadata, vectors, lexical
+postings) and its own vector index (`vectors.<s>.faiss`); it is never rewritten. A write adds a
+small segment and records deletions in tombstone files (`del.<s>.<g>.npz`: the deleted chunk ids
+and file ids of segment s as of generation g, plus the new stat of files whose bytes did not
+change); merges (semsearch/store/merge.py) replace adjacent segments by one without their deleted
+chunks. Segments hold disjoint chunk-id ranges, increasing along the list, so the concatenation
+of their sorted ids is sorted.
+
+Readers open each segment once and keep it across generations (its files never change), so a
+new generation costs what it adds. Search over the segments gives what one index over the same
+live chunks gives: dense top-k merged from each segment's top-k (exact for flat segments), BM25
+with statistics over every live chunk (semsearch/store/lexical.py), filters over global ids.
+"""
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+import numpy as np
+
+from semsearch.errors import IndexFormatError
+from semsearch.store import integrity
+from semsearch.store.docstore import DocStore, StoredFile
+from semsearch.store.files import DB_ERRORS, damaged
+from semsearch.store.lexical import LexicalIndex
+from semsearch.store.vectors import VectorIndex
+
+DEL_SMALL = 256  # up to this many deletions, a segment is searched for k + deleted and filtered after
+
+
+# ---- tombstones ---------------------------------------------------------------------------------
+class Tombstones:
+    """What was deleted from one segment: chunk ids and file ids (sorted), and the new stat
+    (size, mtime_ns, ctime_ns, inode) of files whose bytes did not change."""
+
+    def __init__(self, chunks=None, files=None, stats: dict[int, tuple[int, int, int, int]] | None = None):
+        self.chunks = np.asarray(chunks if chunks is not None else np.zeros(0, np.int64), np.int64)
+        self.files = np.asarray(files if files is not None else np.zeros(0, np.int64), np.int64)
+        self.stats = dict(stats or {})
+
+    def __bool__(self) -> bool:
+        return bool(len(self.chunks) or len(self.files) or self.stats)
+
+    @classmethod
+    def load(cls, path: Path) -> "Tombstones":
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                chunks, files, stats = z["chunks"].astype(np.int64), z["files"].astype(np.int64), z["stats"].astype(np.int64)
+        except (OSError, ValueError, KeyError, EOFError) as e:
+            raise damaged(path.parent, path.name, f"damaged ({e})") from e
+        if stats.ndim != 2 or stats.shape[1] != 5:
+            raise damaged(path.parent, path.name, "damaged (stats)")
+        return cls(chunks, files, {int(r[0]): tuple(int(x) for x in r[1:]) for r in stats})
+
+    def save(self, path: Path) -> None:
+        stats = np.array([[f, *s] for f, s in sorted(self.stats.items())], np.int64).reshape(-1, 5)
+        with open(path, "wb") as fh:
+            np.savez(fh, chunks=np.unique(self.chunks), files=np.unique(self.files), stats=stats)
+            fh.flush()
+
+    def with_deleted(self, chunks: np.ndarray, file_id: int) -> "Tombstones":
+        out = Tombstones(np.union1d(self.chunks, chunks), np.union1d(self.files, [file_id]), self.stats)
+        out.stats.pop(file_id, None)
+        return out
+
+
+# ---- one segment, opened once -------------------------------------------------------------------
+class Segment:
+    """An immutable segment opened for reading: its docstore (read-only), its vector index, and
+    what readers derive from them once (sorted ids, posting arrays, filter columns)."""
+
+    def __init__(self, folder: Path, entry: dict[str, Any], device: str = "cpu"):
+        self.folder, self.entry = Path(folder), entry
+        self.id, self.name = int(entry["id"]), entry["docs"]
+        integrity.check_segment_files(self.folder, entry)
+        try:
+            self.vectors = VectorIndex.load(self.folder / entry["vectors"], entry.get("index", {}).get("type", "flat"),
+                                            entry.get("index", {}).get("params"), device)
+        except (RuntimeError, MemoryError, AttributeError, TypeError, ValueError) as e:
+            raise damaged(self.folder, entry["vectors"], f"damaged ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from e
+        try:
+            self.docs = DocStore(self.folder / entry["docs"], readonly=True)
+        except DB_ERRORS as e:
+            raise damaged(self.folder, entry["docs"], f"damaged ({e})") from e
+        try:
+            integrity.check_segment_loaded(self.folder, entry, self.vectors, self.docs)
+        except BaseException:
+            self.docs.close()
+            raise
+        self._lock = threading.Lock()
+        self._ids: np.ndarray | None = None
+        self._file_ids: np.ndarray | None = None
+
+    @property
+    def key(self) -> tuple[str, str]:
+        rec = ((self.entry.get("integrity") or {}).get("files") or {}).get(self.name, {})
+        return self.name, rec.get("fingerprint", "")
+
+    def _columns(self) -> None:
+        with self._lock:
+            if self._ids is None:
+                ids, files = self.docs.chunk_files()
+                self._file_ids, self._ids = files, ids
+
+    @property
+    def ids(self) -> np.ndarray:
+        """Every chunk id the segment holds (deleted ones too), sorted."""
+        if self._ids is None:
+            self._columns()
+        return self._ids
+
+    @property
+    def file_ids(self) -> np.ndarray:
+        """The file id of each chunk, in the order of `ids`."""
+        if self._ids is None:
+            self._columns()
+        return self._file_ids
+
+    def postings(self):
+        """The segment's BM25 posting arrays (None for a docstore from before lexical search)."""
+        return self.docs.memo("postings", self.docs.lexical)
+
+    def memo(self, key: Any, build):
+        return self.docs.memo(key, build)
+
+    def close(self) -> None:
+        self.docs.close()
+
+
+class Part:
+    """A segment as one generation sees it: the segment and its tombstones."""
+
+    def __init__(self, segment: Segment, dead: Tombstones, entry: dict[str, Any]):
+        self.segment, self.dead, self.entry = segment, dead, entry
+        self.live = int(entry["live"])
+        self._lock = threading.Lock()
+        self._live_bits: np.ndarray | None = None
+
+    @property
+    def lo(self) -> int:
+        ids = self.segment.ids
+        return int(ids[0]) if len(ids) else -1
+
+    @property
+    def hi(self) -> int:
+        ids = self.segment.ids
+        return int(ids[-1]) if len(ids) else -2
+
+    def keep(self, ids: np.ndarray) -> np.ndarray:
+        """A mask over ids: those not deleted."""
+        if not len(self.dead.chunks):
+            return np.ones(len(ids), bool)
+        return ~np.isin(ids, self.dead.chunks, assume_unique=False)
+
+    def live_selection(self):
+        """This segment's live ids as an ID-selector bitmap object (for many deletions)."""
+        with self._lock:
+            if self._live_bits is None:
+                mask = np.zeros(self.hi + 1, bool)
+                mask[self.segment.ids] = True
+                mask[self.dead.chunks[self.dead.chunks <= self.hi]] = False
+                self._live_bits = _Bits(mask)
+        return self._live_bits
+
+
+class _Bits:
+    """A boolean mask over ids in the form VectorIndex.search_filtered takes."""
+
+    def __init__(self, mask: np.ndarray):
+        self.mask = mask
+        self.count = int(mask.sum())
+        self.bitmap = np.packbits(mask, bitorder="little")
+
+    def __len__(self) -> int:
+        return self.count
+
+
+def open_parts(folder: Path, manifest, device: str = "cpu", reuse: dict | None = None) -> list[Part]:
+    """The manifest's segments, each opened (or taken from `reuse`: {Segment.key: Segment})
+    with its tombstones."""
+    parts: list[Part] = []
+    opened: list[Segment] = []
+    try:
+        for entry in manifest.segments:
+            seg = None
+            if reuse:
+                rec = ((entry.get("integrity") or {}).get("files") or {}).get(entry["docs"], {})
+                seg = reuse.get((entry["docs"], rec.get("fingerprint", "")))
+            if seg is None:
+                seg = Segment(folder, entry, device)
+                opened.append(seg)
+            dead = Tombstones()
+            name = entry.get("deletes")
+            if name:
+                dead = (reuse or {}).get(("deletes", name))
+                if dead is None:
+                    integrity.check_file(folder, name, ((entry.get("integrity") or {}).get("files") or {}).get(name))
+                    dead = Tombstones.load(Path(folder) / name)
+            parts.append(Part(seg, dead, entry))
+        for a, b in zip(parts, parts[1:]):
+            if len(a.segment.ids) and len(b.segment.ids) and a.hi >= b.lo:
+                raise damaged(folder, "manifest.json", f"segments {a.segment.id} and {b.segment.id} overlap in chunk ids")
+    except BaseException:
+        for s in opened:
+            s.close()
+        raise
+    return parts
+
+
+# ---- the generation's docstore ------------------------------------------------------------------
+class SegmentedDocs:
+    """One generation's chunks and files across its segments, with the read interface of a
+    DocStore: deleted chunks and files are never given out."""
+
+    readonly = True
+
+    def __init__(self, folder: Path, parts: list[Part], counts: dict[str, int]):
+        self.folder, self.parts = Path(folder), parts
+        self._counts = dict(counts)
+        self._memo: dict[Any, Any] = {}
+        self._memo_lock = threading.Lock()
+        self.path = self.folder  # for messages
+
+    def memo(self, key: Any, build):
+        try:
+            return self._memo[key]
+        except KeyError:
+            pass
+        with self._memo_lock:
+            if key not in self._memo:
+                self._memo[key] = build()
+            return self._memo[key]
+
+    def segments(self) -> dict:
+        """{Segment.key: Segment} and {("deletes", file): Tombstones} of this generation, for the
+        next one to reuse (both are immutable once published)."""
+        out: dict = {p.segment.key: p.segment for p in self.parts}
+        out.update({("deletes", p.entry["deletes"]): p.dead for p in self.parts if p.entry.get("deletes")})
+        return out
+
+    def close(self) -> None:
+        for p in self.parts:
+            p.segment.close()
+
+    def counts(self) -> dict[str, int]:
+        return dict(self._counts)
+
+    def _route(self, ids: Iterable[int]) -> list[tuple[Part, list[int]]]:
+        """The ids grouped by the part holding them (ids no part holds are dropped)."""
+        ids = sorted({int(i) for i in ids})
+        if not ids or not self.parts:
+            return []
+        los = np.array([p.lo if len(p.segment.ids) else np.iinfo(np.int64).max for p in self.parts], np.int64)
+        at = np.searchsorted(los, np.array(ids, np.int64), "right") - 1
+        out: dict[int, list[int]] = {}
+        for i, j in zip(ids, at.tolist()):
+            if j >= 0 and i <= self.parts[j].hi:
+                out.setdefault(j, []).append(i)
+        routed = []
+        for j, part_ids in sorted(out.items()):
+            p = self.parts[j]
+            arr = np.array(part_ids, np.int64)
+            arr = arr[p.keep(arr)]
+            if len(arr):
+                routed.append((p, arr.tolist()))
+        return routed
+
+    def get_chunks(self, ids: Iterable[int]) -> dict[int, dict[str, Any]]:
+        out: dict[int, dict[str, Any]] = {}
+        for p, part_ids in self._route(ids):
+            out.update(p.segment.docs.get_chunks(part_ids))
+        return out
+
+    def get_vectors(self, ids: Iterable[int]) -> tuple[np.ndarray, np.ndarray]:
+        got = [p.segment.docs.get_vectors(part_ids) for p, part_ids in self._route(ids)]
+        got = [g for g in got if len(g[0])]
+        if not got:
+            return np.zeros(0, np.int64), np.zeros((0, 0), np.float32)
+        return np.concatenate([g[0] for g in got]), np.concatenate([g[1] for g in got])
+
+    def state_refs(self, ids: Iterable[int]) -> list[tuple[int, str | None, int | None, int | None]]:
+        """[(chunk id, state file, first row, tokens)] of the given ids."""
+        out = []
+        for p, part_ids in self._route(ids):
+            marks = ",".join("?" * len(part_ids))
+            out += p.segment.docs.db.execute(f"SELECT id, state_file, state_off, state_len FROM chunks WHERE id IN ({marks})",
+                                             part_ids).fetchall()
+        return out
+
+    def iter_vectors(self, batch: int = 8192) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        for p in self.parts:
+            for ids, vecs in p.segment.docs.iter_vectors(batch):
+                keep = p.keep(ids)
+                if keep.all():
+                    yield ids, vecs
+                elif keep.any():
+                    yield ids[keep], vecs[keep]
+
+    def iter_states_refs(self, batch: int = 4096) -> Iterator[list[tuple[int, str | None, int | None, int | None]]]:
+        """[(chunk id, state file, first row, tokens)] of the live chunks, in batches."""
+        rows: list = []
+        for row in self.select("c.state_file, c.state_off, c.state_len"):
+            rows.append(row)
+            if len(rows) >= batch:
+                yield rows
+                rows = []
+        if rows:
+            yield rows
+
+    def select(self, columns: str, where: str = "", params: tuple = ()) -> Iterator[tuple]:
+        """(chunk id, *columns) of every live chunk, in id order: `columns` and `where` are SQL
+        over `chunks c JOIN files f ON f.id = c.file_id`."""
+        sql = (f"SELECT c.id, {columns} FROM chunks c JOIN files f ON f.id = c.file_id"
+               + (f" WHERE {where}" if where else "") + " ORDER BY c.id")
+        for p in self.parts:
+            dead = set(p.dead.chunks.tolist()) if len(p.dead.chunks) else None
+            try:
+                for row in p.segment.docs.db.execute(sql, params):
+                    if dead is None or row[0] not in dead:
+                        yield row
+            except DB_ERRORS as e:
+                raise damaged(self.folder, p.segment.name, f"damaged ({e})") from e
+
+    def files(self) -> dict[str, StoredFile]:
+        out: dict[str, StoredFile] = {}
+        for p in self.parts:
+            dead = set(p.dead.files.tolist())
+            for path, f in p.segment.docs.files().items():
+                if f.id in dead:
+                    continue
+                if f.id in p.dead.stats:
+                    f.size, f.mtime_ns, f.ctime_ns, f.inode = p.dead.stats[f.id]
+                out[path] = f
+        return out
+
+    def find_files(self, paths: list[str]) -> dict[str, tuple[Part, StoredFile]]:
+        """{path: (part, stored file)} of the given paths that a live file has."""
+        out: dict[str, tuple[Part, StoredFile]] = {}
+        for p in self.parts:
+            dead = p.dead.files
+            for at in range(0, len(paths), 500):
+                part = paths[at : at + 500]
+                rows = p.segment.docs.db.execute(
+                    "SELECT id, path, hash, size, mtime_ns, documents, ctime_ns, inode FROM files"
+                    f" WHERE path IN ({','.join('?' * len(part))})", part).fetchall()
+                for r in rows:
+                    f = StoredFile(*r)
+                    if len(dead) and f.id in set(dead.tolist()):
+                        continue
+                    if f.id in p.dead.stats:
+                        f.size, f.mtime_ns, f.ctime_ns, f.inode = p.dead.stats[f.id]
+                    out[f.path] = (p, f)
+        return out
+
+    def files_matching(self, globs: list[str]) -> np.ndarray:
+        got = []
+        for p in self.parts:
+            ids = p.segment.docs.files_matching(globs)
+            if len(p.dead.files):
+                ids = ids[~np.isin(ids, p.dead.files)]
+            got.append(ids)
+        return np.concatenate(got) if got else np.zeros(0, np.int64)
+
+    def lexical(self) -> LexicalIndex | None:
+        """BM25 over the live chunks of every segment (None where a segment predates lexical search)."""
+        postings, deleted = [], []
+        for p in self.parts:
+            post = p.segment.postings()
+            if post is None:
+                return None
+            postings.append(post)
+            if len(p.dead.chunks):
+                pos = np.searchsorted(post.ids, p.dead.chunks).clip(0, max(len(post.ids) - 1, 0))
+                deleted.append(pos[post.ids[pos] == p.dead.chunks] if len(post.ids) else None)
+            else:
+                deleted.append(None)
+        try:
+            return LexicalIndex(postings, deleted)
+        except ValueError as e:
+            raise IndexFormatError(f"{self.folder}: damaged lexical index ({e})") from e
+
+
+# ---- the generation's vector index --------------------------------------------------------------
+class SegmentedVectors:
+    """Inner-product search over every segment's vector index, top-k merged, deleted chunks left out."""
+
+    def __init__(self, parts: list[Part], index_entry: dict[str, Any], device: str = "cpu"):
+        self.parts = parts
+        self.kind = index_entry.get("type", "flat")
+        self.params = dict(index_entry.get("params") or {})
+        self.device = device if any(p.segment.vectors.device == "cuda" for p in parts) else "cpu"
+
+    @property
+    def ntotal(self) -> int:
+        return sum(p.live for p in self.parts)
+
+    def _one(self, p: Part, q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        vi = p.segment.vectors
+        ndel = len(p.dead.chunks)
+        if not ndel:
+            return vi.search(q, k)
+        if ndel <= DEL_SMALL:
+            s, i = vi.search(q, k + ndel)
+            drop = np.isin(i, p.dead.chunks)
+            s = np.where(drop, -np.inf, s)
+            i = np.where(drop, -1, i)
+            return s, i
+        return vi.search_filtered(q, k, p.live_selection())
+
+    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """(scores (n, k), ids (n, k)); rows may hold fewer than k hits, padded with id -1."""
+        q = np.ascontiguousarray(queries, np.float32)
+        got = [self._one(p, q, k) for p in self.parts if p.live]
+        return _merge(got, len(q), k)
+
+    def search_filtered(self, queries: np.ndarray, k: int, allowed) -> tuple[np.ndarray, np.ndarray]:
+        """search() among the allowed ids (a Selection over global ids, deleted ones not in it)."""
+        q = np.ascontiguousarray(queries, np.float32)
+        got = [p.segment.vectors.search_filtered(q, k, allowed) for p in self.parts if p.live]
+        return _merge(got, len(q), k)
+
+    def reconstruct(self, ids: np.ndarray) -> np.ndarray | None:
+        """The stored vectors of the given (live) ids, in their order; None where a segment's index
+        does not keep full vectors (the docstore has them)."""
+        ids = np.asarray(ids, np.int64)
+        if not len(ids):
+            return np.zeros((0, 0), np.float32)
+        out = None
+        los = np.array([p.lo if len(p.segment.ids) else np.iinfo(np.int64).max for p in self.parts], np.int64)
+        at = np.searchsorted(los, ids, "right") - 1
+        for j in np.unique(at).tolist():
+            if j < 0:
+                return None
+            sel = np.flatnonzero(at == j)
+            v = self.parts[j].segment.vectors.reconstruct(ids[sel])
+            if v is None:
+                return None
+            if out is None:
+                out = np.empty((len(ids), v.shape[1]), np.float32)
+            out[sel] = v
+        return out
+
+
+def _merge(got: list[tuple[np.ndarray, np.ndarray]], nq: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The best k of several (scores, ids) lists per query (ids -1: none)."""
+    if not got:
+        return np.full((nq, 0), -np.inf, np.float32), np.full((nq, 0), -1, np.int64)
+    if len(got) == 1:
+        s, i = got[0]
+        if s.shape[1] > k:
+            s, i = _top(s, i, k)
+        return s, i
+    s = np.concatenate([np.where(g[1] >= 0, g[0], -np.inf) for g in got], 1).astype(np.float32)
+    i = np.concatenate([g[1] for g in got], 1)
+    return _top(s, i, k)
+
+
+def _top(s: np.ndarray, i: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    s = np.where(i >= 0, s, -np.inf)
+    k_ = min(k, s.shape[1])
+    order = np.lexsort((i, -s), axis=1)[:, :k_] if s.shape[1] else np.zeros((len(s), 0), np.int64)
+    ts, ti = np.take_along_axis(s, order, 1), np.take_along_axis(i, order, 1)
+    ti = np.where(np.isfinite(ts), ti, -1)
+    return ts, ti
+
+
+def live_counts(parts_or_entries) -> dict[str, int]:
+    """The index's counts from its segment entries."""
+    files = docs = chunks = 0
+    for e in parts_or_entries:
+        files += int(e["files"])
+        docs += int(e["documents"])
+        chunks += int(e["live"])
+    return {"files": files, "documents": docs, "chunks": chunks}
+
+
+__all__ = ["Part", "Segment", "SegmentedDocs", "SegmentedVectors", "Tombstones", "open_parts", "live_counts"]
+
+
+def read_rows(folder: Path, manifest, columns: str, where: str = "", params: tuple = ()) -> Iterator[tuple]:
+    """(chunk id, *columns) of every live chunk of a published generation, in id order, reading
+    only the docstores (no vector index is loaded): for training and tools. `columns` and `where`
+    are SQL over `chunks c JOIN files f ON f.id = c.file_id`."""
+    from semsearch.store.files import connect_readonly
+
+    sql = (f"SELECT c.id, {columns} FROM chunks c JOIN files f ON f.id = c.file_id"
+           + (f" WHERE {where}" if where else "") + " ORDER BY c.id")
+    for e in manifest.segments:
+        integrity.check_segment_files(folder, e)
+        dead = set(Tombstones.load(Path(folder) / e["deletes"]).chunks.tolist()) if e.get("deletes") else set()
+        db = connect_readonly(Path(folder) / e["docs"])
+        try:
+            for row in db.execute(sql, params):
+                if row[0] not in dead:
+                    yield row
+        except DB_ERRORS as ex:
+            raise damaged(folder, e["docs"], f"damaged ({ex})") from ex
+        finally:
+            db.close()
+
+
+def has_lexical(folder: Path, manifest) -> bool:
+    """Whether every segment's docstore holds lexical terms."""
+    from semsearch.store.files import connect_readonly
+
+    for e in manifest.segments:
+        db = connect_readonly(Path(folder) / e["docs"])
+        try:
+            if "lex" not in {r[1] for r in db.execute("PRAGMA table_info(chunks)")}:
+                return False
+        finally:
+            db.close()
+    return True

@@ -1,0 +1,261 @@
+"""An index of segments: writes cost what they change, and results equal a fresh build.
+
+The property test drives random sequences of document upserts and deletes, index runs over a
+changing folder and merges, and after every step compares dense, lexical and hybrid results with
+those of an index built from nothing over the same live documents: the same texts with the same
+scores (within 1e-5), rank for rank. The kill -9 tests stop a writer inside a segment write, a
+tombstone update and a merge: the published generation keeps answering, and the next write
+completes.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from semsearch.documents import Document, create_index, delete_documents, upsert_documents
+from semsearch.indexing import index_corpus
+from semsearch.search import Retriever
+from semsearch.store import Manifest
+from semsearch.store import merge as merge_
+from semsearch.store.folder import compact, verify
+
+WORDS = ("loan bank credit mortgage rate soup lentil onion cumin meteor comet debris orbit planet river delta "
+         "forest canopy rain storm engine piston valve circuit signal noise").split()
+QUERIES = ["loan credit rate", "comet orbit planet", "soup onion", "storm rain forest", "engine valve signal noise"]
+
+
+def _text(rng: random.Random, n: int | None = None) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(n or rng.randint(4, 30)))
+
+
+def _results(r: Retriever, where=None) -> dict:
+    out = {}
+    for q in QUERIES:
+        for mode in ("dense", "lexical", "hybrid"):
+            out[(q, mode)] = [(h.text, h.score, h.metadata.get("tag")) for h in r.search(q, 10, mode=mode, where=where)]
+    return out
+
+
+def _same(a: list, b: list, what) -> None:
+    """Equal scores rank for rank, and the same texts wherever the score is not tied at the cut."""
+    assert len(a) == len(b), what
+    sa, sb = np.array([x[1] for x in a]), np.array([x[1] for x in b])
+    assert np.allclose(sa, sb, atol=1e-5, rtol=0), (what, sa, sb)
+    if len(a):
+        cut = sa[-1] + 1e-5
+        assert sorted((round(x[1], 4), x[0], x[2]) for x in a if x[1] > cut) == \
+            sorted((round(x[1], 4), x[0], x[2]) for x in b if x[1] > cut), what
+
+
+def _fresh(tmp: Path, corpus: Path | None, docs: dict[str, tuple[str, dict]], enc, name: str) -> Retriever:
+    folder = tmp / name
+    if corpus is not None and any(corpus.iterdir()):
+        index_corpus(corpus, folder, enc, progress=False)
+    else:
+        create_index(folder, enc)
+    if docs:
+        upsert_documents(folder, [Document(i, t, m) for i, (t, m) in docs.items()], enc)
+    return Retriever.load(folder, encoder=enc)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_any_sequence_of_writes_equals_a_fresh_build(seed, tmp_path, fake_encoder, monkeypatch):
+    monkeypatch.setattr(merge_, "FACTOR", 3)  # merges happen within a short sequence
+    monkeypatch.setattr(merge_, "BASE", 8)
+    rng = random.Random(seed)
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    folder = tmp_path / "idx"
+    create_index(folder, fake_encoder)
+    live: dict[str, tuple[str, dict]] = {}
+    ops = []
+    for step in range(14):
+        op = rng.choice(["upsert", "upsert", "replace", "delete", "index", "merge"])
+        if op == "upsert" or (op in ("replace", "delete") and not live):
+            batch = {f"d{seed}-{step}-{j}": (_text(rng), {"tag": rng.choice(["a", "b"]), "n": rng.randint(0, 9)})
+                     for j in range(rng.randint(1, 3))}
+            upsert_documents(folder, [Document(i, t, m) for i, (t, m) in batch.items()], fake_encoder)
+            live.update(batch)
+        elif op == "replace":
+            i = rng.choice(sorted(live))
+            live[i] = (_text(rng), {"tag": "c", "n": 5})
+            upsert_documents(folder, [Document(i, *live[i])], fake_encoder)
+        elif op == "delete":
+            gone = rng.sample(sorted(live), min(len(live), rng.randint(1, 2)))
+            delete_documents(folder, gone)
+            for i in gone:
+                del live[i]
+        elif op == "index":  # files come, change and go
+            for name in rng.sample([f"f{j}.txt" for j in range(6)], 2):
+                p = corpus / name
+                if p.exists() and rng.random() < 0.4:
+                    p.unlink()
+                else:
+                    p.write_text(_text(rng, rng.randint(5, 60)) + "\n")
+            if any(corpus.iterdir()):
+                index_corpus(corpus, folder, fake_encoder, progress=False)
+        else:
+            compact(folder)
+        ops.append(op)
+        m = Manifest.load(folder)
+        got = Retriever.load(folder, encoder=fake_encoder)
+        files_indexed = any(e for e in got.docs.files() if not e.startswith("api:"))
+        want = _fresh(tmp_path, corpus if files_indexed else None, live, fake_encoder, f"fresh{step}")
+        assert len(got) == len(want) == m.counts["chunks"], ops
+        for where in (None, {"tag": "a"}, ["n>=5"]):
+            a, b = _results(got, where), _results(want, where)
+            for key in a:
+                _same(a[key], b[key], (ops, key, where, len(m.segments)))
+        got.close()
+        want.close()
+    assert not verify(folder)
+
+
+def test_bm25_statistics_span_segments(tmp_path, fake_encoder):
+    """A term's idf and the average length are those of all live chunks, wherever they sit."""
+    folder = tmp_path / "idx"
+    create_index(folder, fake_encoder)
+    upsert_documents(folder, [Document("a", "loan loan bank"), Document("b", "soup onion")], fake_encoder)
+    upsert_documents(folder, [Document("c", "loan rate"), Document("d", "meteor comet orbit orbit")], fake_encoder)
+    delete_documents(folder, ["b"])
+    r = Retriever.load(folder, encoder=fake_encoder)
+    assert len(Manifest.load(folder).segments) == 2
+    lex = r.docs.lexical()
+    assert lex.n == 3 and lex.average_length == pytest.approx((3 + 2 + 4) / 3)
+    # idf of 'loan': in 2 of 3 live chunks
+    idf = np.log1p((3 - 2 + 0.5) / (2 + 0.5))
+    hits = {h.text: h.score for h in r.search("loan", 10, mode="lexical")}
+    k1, b = 1.2, 0.75
+    avg = 3.0
+    assert hits["loan loan bank"] == pytest.approx(idf * 2 * (k1 + 1) / (2 + k1 * (1 - b + b * 3 / avg)), rel=1e-5)
+    assert hits["loan rate"] == pytest.approx(idf * (k1 + 1) / (1 + k1 * (1 - b + b * 2 / avg)), rel=1e-5)
+
+
+def test_a_write_touches_only_what_it_changes(tmp_path, fake_encoder):
+    folder = tmp_path / "idx"
+    create_index(folder, fake_encoder)
+    upsert_documents(folder, [Document(f"d{i}", _text(random.Random(i), 40)) for i in range(200)], fake_encoder)
+    m0 = Manifest.load(folder)
+    big = m0.segments[0]
+    stat = {n: os.stat(folder / n).st_mtime_ns for n in (big["docs"], big["vectors"])}
+    d3 = sum(1 for row in Retriever.load(folder, encoder=fake_encoder).docs.select("f.path") if row[1] == "api:d3")
+    upsert_documents(folder, [Document("new", "a brand new document about loans")], fake_encoder)
+    delete_documents(folder, ["d3"])
+    m = Manifest.load(folder)
+    assert m.segments[0]["docs"] == big["docs"] and m.segments[0]["deletes"]  # the big segment stays, with a tombstone
+    assert {n: os.stat(folder / n).st_mtime_ns for n in stat} == stat  # never rewritten
+    assert m.counts["chunks"] == m0.counts["chunks"] + 1 - d3 and m.generation == m0.generation + 2
+    r = Retriever.load(folder, encoder=fake_encoder)
+    assert "d3" not in {h.path for h in r.search("loan", 200, mode="lexical")}
+    # compact merges everything into one segment without the deleted chunk
+    out = compact(folder)
+    m = Manifest.load(folder)
+    assert out["segments"] == 1 and len(m.segments) == 1 and m.segments[0]["rows"] == m.counts["chunks"]
+    assert not verify(folder)
+
+
+def test_merge_policy_bounds_segments():
+    entries = [{"rows": 100_000, "live": 100_000}] + [{"rows": 3, "live": 3} for _ in range(9)]
+    assert merge_.plan(entries) == []  # nine small ones: below the factor
+    entries.append({"rows": 3, "live": 3})
+    assert merge_.plan(entries) == [(1, 11)]  # the tenth: the small ones become one
+    many = [{"rows": 3, "live": 3, "i": i} for i in range(1000)]
+    plan = merge_.plan(many)
+    assert all(b0 <= a1 for (_, b0), (a1, _) in zip(plan, plan[1:]))  # adjacent runs, in order, disjoint
+    assert 1000 - sum(b - a for a, b in plan) + len(plan) < 2 * merge_.FACTOR  # fewer than FACTOR a level
+    assert len(merge_.plan([{"rows": 10_000, "live": 6_000}])) == 1  # 40% deleted: rewritten
+    assert merge_.plan([{"rows": 10_000, "live": 9_000}]) == []
+
+
+def test_format_1_index_opens_as_one_segment(tmp_path, fake_encoder, small_corpus):
+    """An index written before segments (format 1) opens, answers, and is upgraded by its next write."""
+    folder = tmp_path / "idx"
+    index_corpus(small_corpus, folder, fake_encoder, progress=False)
+    before = _results(Retriever.load(folder, encoder=fake_encoder))
+    raw = json.loads((folder / "manifest.json").read_text())
+    seg = raw.pop("segments")[0]
+    raw.pop("next_ids")
+    raw.update(format_version=1, files={"docs": seg["docs"], "vectors": seg["vectors"]}, integrity=seg["integrity"])
+    (folder / "manifest.json").write_text(json.dumps(raw))
+    r = Retriever.load(folder, encoder=fake_encoder)
+    assert _results(r) == before and r.manifest.format_version == 2
+    upsert_documents(folder, [Document("x", "comet orbit")], fake_encoder)
+    m = json.loads((folder / "manifest.json").read_text())
+    assert m["format_version"] == 2 and len(m["segments"]) == 2 and m["next_ids"]["chunk"] > seg["max_id"]
+    assert Retriever.load(folder, encoder=fake_encoder).search("comet orbit", 1, mode="lexical")[0].text == "comet orbit"
+
+
+# ---- kill -9 ----------------------------------------------------------------------------------
+CHILD = textwrap.dedent("""
+    import os, signal, sys
+    sys.path.insert(0, {tests!r})
+    from conftest import FakeEncoder
+    from semsearch.documents import Document, upsert_documents, delete_documents
+    from semsearch.store import merge, segments, vectors
+    where = sys.argv[1]
+
+    def die(*a, **k):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    if where == "segment":  # the new segment's docstore is written, its vector index half saved
+        real = vectors.VectorIndex.save
+        def save(self, path):
+            real(self, path)
+            with open(path, "r+b") as f:
+                f.truncate(os.path.getsize(path) // 2)
+            die()
+        vectors.VectorIndex.save = save
+        upsert_documents({folder!r}, [Document("k1", "kill during a segment write")], FakeEncoder())
+    elif where == "tombstone":  # the tombstone file is written, the manifest not yet
+        real = segments.Tombstones.save
+        def save(self, path):
+            real(self, path)
+            die()
+        segments.Tombstones.save = save
+        delete_documents({folder!r}, ["d1"])
+    else:  # a merge: one input copied into the merged segment
+        real = merge.copy_live
+        def copy(*a, **k):
+            real(*a, **k)
+            die()
+        merge.copy_live = copy
+        from semsearch.store.folder import compact
+        compact({folder!r})
+""")
+
+
+@pytest.mark.parametrize("where", ["segment", "tombstone", "merge"])
+def test_kill_9_during_a_write_loses_nothing_published(where, tmp_path, fake_encoder):
+    folder = tmp_path / "idx"
+    create_index(folder, fake_encoder)
+    upsert_documents(folder, [Document(f"d{i}", _text(random.Random(i))) for i in range(6)], fake_encoder)
+    upsert_documents(folder, [Document("e", "a second segment about comets")], fake_encoder)
+    before = _results(Retriever.load(folder, encoder=fake_encoder))
+    m0 = Manifest.load(folder)
+    code = CHILD.format(tests=str(Path(__file__).parent), folder=str(folder))
+    p = subprocess.run([sys.executable, "-c", code, where], capture_output=True, text=True, timeout=120)
+    assert p.returncode == -signal.SIGKILL, p.stderr
+    assert Manifest.load(folder).generation == m0.generation  # nothing was published
+    assert _results(Retriever.load(folder, encoder=fake_encoder)) == before  # the last generation answers
+    # the next write completes, over the leftovers
+    if where == "tombstone":
+        delete_documents(folder, ["d1"])
+        assert "d1" not in {h.path for h in Retriever.load(folder, encoder=fake_encoder).search("comet", 50, mode="dense")}
+    elif where == "segment":
+        upsert_documents(folder, [Document("k1", "kill during a segment write")], fake_encoder)
+        assert Retriever.load(folder, encoder=fake_encoder).search("kill segment write", 1, mode="lexical")[0].text.startswith("kill")
+    else:
+        compact(folder)
+        assert len(Manifest.load(folder).segments) == 1
+    assert not verify(folder)
+    m = Manifest.load(folder)
+    assert {p.name for p in folder.iterdir() if p.name[0] != "." and p.name != "manifest.json"} == m.data_files()
