@@ -286,7 +286,8 @@ def index_corpus(
         else:
             from semsearch.engines.build import update_with_engine
 
-            report.engine = update_with_engine(writer, found.files, corpus.resolve(), encoder, chunking, read, report, keep_states, engine)
+            report.engine = update_with_engine(writer, found.files, corpus.resolve(), encoder, chunking, read, report, keep_states,
+                                               engine, vectors)
         report.resumed = cache.reused if cache else 0
         if new_head is not None and base is None:  # a new index: its documents are known now
             _check_head_corpus(new_head, writer, force)

@@ -18,28 +18,35 @@ from semsearch.store import Manifest
 
 
 def dump(folder: Path) -> tuple[list[tuple], np.ndarray, list[tuple]]:
-    """(chunk rows with their file path, vectors (n, d), files) of an index, by chunk id."""
+    """(live chunk rows with their file path, vectors (n, d), live files) of an index, by id,
+    across its segments."""
+    from semsearch.store.folder import open_index
+    from semsearch.store.segments import read_rows
+
     m = Manifest.load(folder)
-    db = sqlite3.connect(folder / m.files["docs"])
-    rows = db.execute("SELECT c.id, f.path, c.row, c.ord, c.start, c.end, c.line, c.text, c.metadata, length(c.vector)"
-                      " FROM chunks c JOIN files f ON f.id = c.file_id ORDER BY c.id").fetchall()
-    vecs = np.stack([np.frombuffer(v, np.float32) for (v,) in db.execute("SELECT vector FROM chunks ORDER BY id")])
-    files = db.execute("SELECT id, path, hash, size, documents FROM files ORDER BY id").fetchall()
-    db.close()
+    rows = list(read_rows(folder, m, "f.path, c.row, c.ord, c.start, c.end, c.line, c.text, c.metadata, length(c.vector)"))
+    vecs = np.stack([np.frombuffer(v, np.float32) for _, v in read_rows(folder, m, "c.vector")])
+    docs = open_index(folder)[2]
+    files = sorted((f.id, f.path, f.hash, f.size, f.documents) for f in docs.files().values())
+    docs.close()
     return rows, vecs, files
 
 
 def faiss_ids(folder: Path) -> np.ndarray:
+    """The live ids every segment's FAISS index holds, sorted."""
     import faiss
 
+    from semsearch.store.integrity import faiss_ids as ids_of
+    from semsearch.store.segments import Tombstones
+
     m = Manifest.load(folder)
-    index = faiss.read_index(str(folder / m.files["vectors"]))
-    if hasattr(index, "id_map"):
-        return np.sort(faiss.vector_to_array(index.id_map))
-    ivf = faiss.extract_index_ivf(index)  # ids live in the inverted lists
-    inv = ivf.invlists
-    ids = [faiss.rev_swig_ptr(inv.get_ids(i), inv.list_size(i)).copy() for i in range(ivf.nlist) if inv.list_size(i)]
-    return np.sort(np.concatenate(ids))
+    out = []
+    for e in m.segments:
+        ids = ids_of(faiss.read_index(str(folder / e["vectors"])))
+        if e.get("deletes"):
+            ids = ids[~np.isin(ids, Tombstones.load(folder / e["deletes"]).chunks)]
+        out.append(ids)
+    return np.sort(np.concatenate(out))
 
 
 def assert_same_index(a: Path, b: Path, atol: float = 0.0) -> None:

@@ -8,16 +8,16 @@ import logging
 import shutil
 import time
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 
 from semsearch import errors
-from semsearch.engines.register import drop_file, drop_gone, replace_file, same_stat
+from semsearch.engines.register import drop_file, drop_gone, same_stat
 from semsearch.engines.spec import FileJob, spec_for
 from semsearch.engines.work import NONE
 from semsearch.errors import SemsearchError
 from semsearch.store.docstore import ChunkRow
+from semsearch.store.folder import now
 
 log = logging.getLogger(__name__)
 
@@ -28,8 +28,13 @@ class EngineError(SemsearchError):
     """An engine run whose shards miss or contradict a file's chunks."""
 
 
-def update_with_engine(writer, files, root: Path, encoder, chunking, read, report, keep_states: bool, engine) -> dict:
-    """indexing._update through an engine and staged shards; gives back the engine's figures."""
+def update_with_engine(writer, files, root: Path, encoder, chunking, read, report, keep_states: bool, engine,
+                       vectors=None) -> dict:
+    """indexing._update through an engine: the engine reads, chunks and encodes the files into
+    staged shards; the driver registers each file in walk order (so file and chunk ids are those
+    the local engine gives), and the engine's workers write the new chunks as segments, one a
+    group of shards, in parallel (store/newsegment.py); the driver then only publishes them with
+    the tombstones of what they replace. Gives back the engine's figures."""
     store = writer.docs
     stored = store.files()
     by_seq = {}
@@ -51,75 +56,144 @@ def update_with_engine(writer, files, root: Path, encoder, chunking, read, repor
             t = time.perf_counter()
             shards = sorted((staging / "shards").glob("*.parquet"))
             figures["staged_bytes"] = sum(p.stat().st_size for p in shards)
-            seen_seqs = set()
-            for seq, status, rows, vecs, states in _files_in_order(shards, encoder.out_dim, encoder.dim):
-                seen_seqs.add(seq)
-                _apply(writer, by_seq[seq], stored.get(str(by_seq[seq].path)), status, rows, vecs, states, report)
-            lost = sorted(set(by_seq) - seen_seqs)
+            statuses, groups = _statuses(shards)
+            lost = sorted(set(by_seq) - set(statuses))
             if lost:
                 raise EngineError(f"the {engine.name} engine returned nothing for {len(lost)} file(s), e.g. {by_seq[lost[0]].path}")
+            tasks = _register(writer, by_seq, stored, statuses, groups, report, encoder, keep_states, vectors)
+            t_seg = time.perf_counter()
+            entries = _write_segments(engine, tasks)
+            writer.add_segments(entries)
+            figures["segments_written"] = len(entries)
+            figures["segment_seconds"] = round(time.perf_counter() - t_seg, 2)
             figures["build_seconds"] = round(time.perf_counter() - t, 2)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+        close = getattr(engine, "close", None)
+        if close is not None:
+            close()
     drop_gone(writer, stored, {str(f.path) for f in files}, root, report)  # files under this corpus root that are gone
     return figures
 
 
-def _apply(writer, f, old, status: dict, rows: list[ChunkRow], vecs: np.ndarray, states, report) -> None:
-    """One file's result into the docstore and vector index, as indexing._update does it."""
-    store = writer.docs
-    kind = status["status"]
-    if kind == "error":
-        name, _, msg = status["info"].partition(": ")
-        cls = getattr(errors, name, None)
-        raise (cls if isinstance(cls, type) and issubclass(cls, SemsearchError) else errors.CorpusError)(msg)
-    if kind == "same":
-        store.touch_file(old.id, f.size, f.mtime_ns, f.ctime_ns, f.inode)
-        report.unchanged += 1
-        return
-    if kind == "skip":
-        log.warning("skipped %s: %s", f.path, status["info"])
-        reason = status["info"].split(" (")[0]
-        report.skipped[reason] = report.skipped.get(reason, 0) + 1
-        if old is not None:
-            drop_file(writer, old, report)
-        return
-    file_id = replace_file(writer, f, old, status["hash"], report)
-    for r in rows:
-        r.file_id = file_id
-    if states is not None:
-        for r, st in zip(rows, states):
-            r.state = writer.append_states(st)
-    if rows:
-        writer.vectors.add(store.add_chunks(rows, vecs), vecs)
-    store.set_documents(file_id, status["documents"])
-    report.documents += status["documents"]
-    report.chunks += len(rows)
-
-
-def _files_in_order(shards: list[Path], dim: int, state_dim: int) -> Iterator[tuple[int, dict, list[ChunkRow], np.ndarray, list | None]]:
-    """(seq, status row, chunk rows, vectors (n, dim), states or None) per file, in seq order.
-
-    Shards whose seq ranges overlap are read together (with ordered execution, each shard is its
-    own group, so memory holds one shard at a time); rows are sorted by (seq, doc, ord), and a
-    row staged twice (a retried write) is kept once."""
+def _statuses(shards: list[Path]) -> tuple[dict[int, dict], list[tuple[list[Path], set[int]]]]:
+    """Each file's status row ({seq: status}) and the groups of shards whose seq ranges overlap
+    (with their seqs), read from the shards' small columns only."""
     import pyarrow.parquet as pq
 
+    statuses: dict[int, dict] = {}
     ranges = []
     for p in shards:
-        seq = pq.read_table(p, columns=["seq"]).column("seq").to_numpy()
-        if len(seq):
-            ranges.append((int(seq.min()), int(seq.max()), p))
-    ranges.sort()
-    group: list[Path] = []
+        t = pq.read_table(p, columns=["seq", "doc", "status", "hash", "info", "documents", "chunks"])
+        seq = t.column("seq").to_numpy()
+        if not len(seq):
+            continue
+        ranges.append((int(seq.min()), int(seq.max()), p, set(seq.tolist())))
+        doc = t.column("doc").to_numpy()
+        cols = {c: t.column(c).to_pylist() for c in ("status", "hash", "info", "documents", "chunks")}
+        for i in np.flatnonzero(doc == NONE).tolist():
+            s = int(seq[i])
+            if s in statuses:  # a retried write staged it twice: one is kept
+                continue
+            statuses[s] = {k: cols[k][i] for k in cols}
+    ranges.sort(key=lambda r: r[:2])
+    groups: list[tuple[list[Path], set[int]]] = []
     hi = -1
-    for lo, top, p in ranges + [(None, None, None)]:
-        if group and (lo is None or lo > hi):
-            yield from _group_files(group, dim, state_dim)
-            group, hi = [], -1
-        if p is not None:
-            group.append(p)
-            hi = max(hi, top)
+    for lo, top, p, seqs in ranges:
+        if groups and lo <= hi:
+            groups[-1][0].append(p)
+            groups[-1][1].update(seqs)
+        else:
+            groups.append(([p], set(seqs)))
+        hi = max(hi, top)
+    return statuses, groups
+
+
+def _register(writer, by_seq, stored, statuses, groups, report, encoder, keep_states, vectors) -> list[dict]:
+    """Each file's status applied in walk order, as indexing._update does (touch, skip, error,
+    replace); the indexed files get their file and chunk ids; gives back one segment task a
+    group of shards that holds indexed files."""
+    indexed = [s for s in sorted(statuses) if statuses[s]["status"] == "indexed"]
+    next_file, next_chunk = writer.reserve(len(indexed), sum(int(statuses[s]["chunks"]) for s in indexed))
+    records: dict[int, dict] = {}
+    for seq in sorted(statuses):
+        status, f = statuses[seq], by_seq[seq]
+        old = stored.get(str(f.path))
+        kind = status["status"]
+        if kind == "error":
+            name, _, msg = status["info"].partition(": ")
+            cls = getattr(errors, name, None)
+            raise (cls if isinstance(cls, type) and issubclass(cls, SemsearchError) else errors.CorpusError)(msg)
+        if kind == "same":
+            writer.docs.touch_file(old.id, f.size, f.mtime_ns, f.ctime_ns, f.inode)
+            report.unchanged += 1
+            continue
+        if kind == "skip":
+            log.warning("skipped %s: %s", f.path, status["info"])
+            reason = status["info"].split(" (")[0]
+            report.skipped[reason] = report.skipped.get(reason, 0) + 1
+            if old is not None:
+                drop_file(writer, old, report)
+            continue
+        if old is not None:
+            writer.docs.remove_file(old.id)
+            report.updated += 1
+        else:
+            report.added += 1
+        records[seq] = {"id": next_file, "first_chunk": next_chunk, "path": str(f.path), "hash": status["hash"],
+                        "size": f.size, "mtime_ns": f.mtime_ns, "ctime_ns": f.ctime_ns, "inode": f.inode,
+                        "documents": int(status["documents"]), "chunks": int(status["chunks"]), "indexed_at": now()}
+        next_file += 1
+        next_chunk += int(status["chunks"])
+        report.documents += int(status["documents"])
+        report.chunks += int(status["chunks"])
+    base = writer.base.index if writer.base is not None else {}
+    requested = (vectors.index_type if vectors is not None else "auto")
+    if requested == "auto" and base.get("forced"):
+        requested = base.get("type", "auto")
+    target = vectors.target_recall if vectors is not None else 0.95
+    tasks = []
+    for paths, seqs in groups:
+        mine = {s: records[s] for s in sorted(seqs) if s in records}
+        if mine:
+            tasks.append({"folder": str(writer.folder), "seg_id": writer.segment_id(), "dim": encoder.out_dim,
+                          "state_dim": encoder.dim if keep_states else None, "shards": [str(p) for p in paths],
+                          "files": mine, "requested": requested, "target": target})
+    return tasks
+
+
+def build_segment(task: dict) -> dict:
+    """One segment from a group of staged shards, with the ids the driver assigned: run by an
+    engine's worker (a Ray task) or in this process. Checks every file's chunks arrived once."""
+    from semsearch.store.newsegment import write_segment
+
+    files: dict[int, dict] = {int(k): v for k, v in task["files"].items()}
+    got: dict[int, int] = {}
+
+    def chunks():
+        for seq, status, rows, vecs, states in _group_files([Path(p) for p in task["shards"]], task["dim"],
+                                                            task["state_dim"] or 1):
+            rec = files.get(seq)
+            if rec is None:
+                continue
+            got[seq] = len(rows)
+            for j, (r, v) in enumerate(zip(rows, vecs)):
+                yield rec["first_chunk"] + j, rec["id"], r, v, states[j] if states is not None else None
+
+    entry = write_segment(Path(task["folder"]), task["seg_id"], task["dim"], list(files.values()), chunks(),
+                          task["requested"], task["target"], task["state_dim"])
+    short = [s for s, rec in files.items() if got.get(s) != rec["chunks"]]
+    if short:
+        raise EngineError(f"file #{short[0]}: {got.get(short[0], 0)} chunk(s) staged, its reader made {files[short[0]]['chunks']}")
+    return entry
+
+
+def _write_segments(engine, tasks: list[dict]) -> list[dict]:
+    """The engine's workers write the segments (in parallel where it has workers), else this process."""
+    write = getattr(engine, "write_segments", None)
+    if write is not None:
+        return list(write(build_segment, tasks))
+    return [build_segment(t) for t in tasks]
 
 
 def _group_files(paths: list[Path], dim: int, state_dim: int):

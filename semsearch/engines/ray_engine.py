@@ -1,6 +1,8 @@
 """The Ray engine: Ray Data reads and chunks files in tasks, encodes them in an actor pool (one
 model replica per actor: a GPU each where the cluster has GPUs, else CPU actors) and writes the
-rows with their vectors as Parquet shards into the staging folder.
+rows with their vectors as Parquet shards into the staging folder; then Ray tasks turn groups of
+shards into finished index segments in parallel (engines/build.py), with the ids the driver
+assigned, so the driver only publishes the manifest.
 
 The staging folder and the corpus must be reachable by every worker at the same path: on one
 machine they are; on a cluster, put both on shared storage. Ray retries a task or an actor that
@@ -9,6 +11,7 @@ checks it (engines/build.py).
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -73,6 +76,20 @@ def connect_error(address: str | None, exc: BaseException) -> InputError:
     return InputError(f"cannot connect to {where}: {first}")
 
 
+@contextlib.contextmanager
+def _ray_errors():
+    """Errors from Ray as semsearch errors: a worker's SemsearchError as itself, others named."""
+    try:
+        yield
+    except SemsearchError:
+        raise
+    except Exception as e:  # noqa: BLE001 - Ray wraps worker errors in many types
+        cause = getattr(e, "cause", None) or e.__cause__
+        if isinstance(cause, SemsearchError):
+            raise cause from e
+        raise SemsearchError(f"the Ray run failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
+
+
 class EmbedActor:
     """One model replica: encodes batches of rows (pyarrow tables) on its GPU or CPU."""
 
@@ -104,6 +121,7 @@ class RayEngine:
         self.batch_rows = batch_rows
         self.progress = progress
         self.kill_once_after = kill_once_after  # tests only: one actor SIGKILLs itself after n batches
+        self._started = False  # this engine started the cluster: close() shuts it down
 
     def connect(self) -> tuple[object, bool]:
         """Ray, connected (to `address`, or a new local cluster); True if this call started it."""
@@ -120,23 +138,32 @@ class RayEngine:
         return ray, True
 
     def run(self, jobs: list[FileJob], spec: EncodeSpec, staging: Path) -> dict:
+        """Read, chunk and encode into staged shards. A cluster this call starts stays up for
+        write_segments(), until close()."""
         t0 = time.perf_counter()
         ray, started = self.connect()
+        self._started = self._started or started
         t_up = time.perf_counter() - t0
-        try:
+        with _ray_errors():
             figures = self._run(ray, jobs, spec, Path(staging))
-        except SemsearchError:
-            raise
-        except Exception as e:  # noqa: BLE001 - Ray wraps worker errors in many types
-            cause = getattr(e, "cause", None) or e.__cause__
-            if isinstance(cause, SemsearchError):
-                raise cause from e
-            raise SemsearchError(f"the Ray run failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
-        finally:
-            if started:
-                ray.shutdown()
         figures.update(startup_seconds=round(t_up, 2), seconds=round(time.perf_counter() - t0, 2))
         return figures
+
+    def write_segments(self, fn, tasks: list[dict]) -> list:
+        """fn(task) for every task as Ray tasks in parallel (the segment writers, engines/build.py),
+        results in task order."""
+        ray, started = self.connect()
+        self._started = self._started or started
+        with _ray_errors():
+            remote = ray.remote(num_cpus=LIGHT_TASK_CPUS * 4, max_retries=2)(fn)
+            return ray.get([remote.remote(t) for t in tasks])
+
+    def close(self) -> None:
+        if self._started:
+            import ray
+
+            ray.shutdown()
+            self._started = False
 
     def _run(self, ray, jobs: list[FileJob], spec: EncodeSpec, staging: Path) -> dict:
         from ray.data import ActorPoolStrategy, DataContext

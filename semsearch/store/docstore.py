@@ -78,7 +78,9 @@ class DocStore:
     waits on another's statement), and no Python function is ever registered on them, so no
     thread inside SQLite can wait for the interpreter's lock while another holds it."""
 
-    def __init__(self, path: Path, readonly: bool = False):
+    def __init__(self, path: Path, readonly: bool = False, unpublished: bool = False):
+        """`unpublished`: a new segment's file, which no manifest names until the writer has
+        fsynced it: SQLite's own journal and syncs would only slow it down."""
         self.path = Path(path)
         self.readonly = readonly
         self._memo: dict[Any, Any] = {}
@@ -94,6 +96,9 @@ class DocStore:
             self._conns_lock = threading.Lock()
         else:
             self._anchor = sqlite3.connect(self.path)
+            if unpublished:
+                self._anchor.execute("PRAGMA journal_mode = OFF")
+                self._anchor.execute("PRAGMA synchronous = OFF")
             self._anchor.executescript(SCHEMA)
             lexical.add_columns(self._anchor)  # a docstore from before lexical search gets its terms
             cols = {r[1] for r in self._anchor.execute("PRAGMA table_info(files)")}

@@ -247,9 +247,7 @@ class IndexWriter:
             self.seg_id = self.gen
             self.docs_file = f"docs.{self.seg_id}.sqlite"
             self.vectors_file = f"vectors.{self.seg_id}.faiss"
-            self.new_docs = DocStore(self.folder / self.docs_file)
-            self.new_docs.db.execute("PRAGMA journal_mode = OFF")  # unpublished until commit fsyncs it
-            self.new_docs.db.execute("PRAGMA synchronous = OFF")
+            self.new_docs = DocStore(self.folder / self.docs_file, unpublished=True)  # fsynced at commit
             self.new_docs.db.executemany("INSERT INTO sqlite_sequence (name, seq) VALUES (?, ?)",
                                          [("chunks", self.next_ids["chunk"] - 1), ("files", self.next_ids["file"] - 1)])
         except BaseException:
@@ -263,9 +261,11 @@ class IndexWriter:
         self.states_file = f"{self.gen}.f16"
         self._states = None  # opened on first append_states()
         self._states_rows = 0
-        self.merged: list[dict] = []  # segments written by merges in this commit
+        self.extra: list[dict] = []  # segments written elsewhere (engine workers), published with this write
+        self._next_segment = self.seg_id + 1
         try:
-            if any("lex" not in {r[1] for r in b.docs.db.execute("PRAGMA table_info(chunks)")} for b in self.base_segments):
+            if any(not b.entry.get("lexical") and "lex" not in {r[1] for r in b.docs.db.execute("PRAGMA table_info(chunks)")}
+                   for b in self.base_segments):
                 # A docstore from before lexical search: its chunks move to the new segment, which
                 # gets their lexical terms (once; nothing is re-encoded).
                 self.absorb()
@@ -304,6 +304,26 @@ class IndexWriter:
             self._states.flush()
         return np.memmap(self.folder / "states" / file, dtype=np.float16, mode="r").reshape(-1, dim)
 
+    def reserve(self, files: int, chunks: int) -> tuple[int, int]:
+        """Ids for `files` files and `chunks` chunks that a segment written elsewhere will hold
+        (write_segment); gives back (first file id, first chunk id). Chunks the new segment gets
+        afterwards take ids after them."""
+        f0 = max(self.next_ids["file"], _seq(self.new_docs, "files") + 1)
+        c0 = max(self.next_ids["chunk"], _seq(self.new_docs, "chunks") + 1)
+        self.next_ids = {"file": f0 + files, "chunk": c0 + chunks}
+        self.new_docs.db.execute("UPDATE sqlite_sequence SET seq = ? WHERE name = 'files'", (f0 + files - 1,))
+        self.new_docs.db.execute("UPDATE sqlite_sequence SET seq = ? WHERE name = 'chunks'", (c0 + chunks - 1,))
+        return f0, c0
+
+    def segment_id(self) -> int:
+        """A new segment id, for a segment written elsewhere in this write."""
+        self._next_segment += 1
+        return self._next_segment - 1
+
+    def add_segments(self, entries: list[dict]) -> None:
+        """Publish segments written elsewhere (write_segment) with this write."""
+        self.extra += entries
+
     def absorb(self) -> None:
         """Copy every live chunk and file of the published segments into the new segment (same
         ids) and drop those segments: for a write that changes every vector (re-pooling)."""
@@ -333,7 +353,7 @@ class IndexWriter:
             self._states.close()
         new_counts = self.new_docs.counts()
         new_states = sorted(self.new_docs.state_files())
-        next_chunk = max(self.next_ids["chunk"], _seq(self.new_docs, "chunks") + 1)
+        next_chunk = max([self.next_ids["chunk"], _seq(self.new_docs, "chunks") + 1] + [e["max_id"] + 1 for e in self.extra if e["max_id"] is not None])
         next_file = max(self.next_ids["file"], _seq(self.new_docs, "files") + 1)
         written: list[str] = []
         entries: list[dict] = []
@@ -355,6 +375,7 @@ class IndexWriter:
                 e["deletes"], e["integrity"] = name, rec
             entries.append(e)
         seg_index = dict(manifest.index or {"type": "flat"})
+        tail: list[dict] = list(self.extra)
         if new_counts["chunks"] or new_counts["files"]:
             self.new_docs.write_lexical()
             self.new_docs.commit()
@@ -363,15 +384,17 @@ class IndexWriter:
             for name in (self.docs_file, self.vectors_file):
                 fsync_file(self.folder / name)
             ids = np.array([r[0] for r in DocStore_ids(self.folder / self.docs_file)], np.int64)
-            entries.append({"id": self.seg_id, "docs": self.docs_file, "vectors": self.vectors_file, "deletes": None,
+            tail.append({"id": self.seg_id, "docs": self.docs_file, "vectors": self.vectors_file, "deletes": None,
                             "rows": new_counts["chunks"], "live": new_counts["chunks"], "files": new_counts["files"],
                             "documents": new_counts["documents"],
                             "min_id": int(ids.min()) if len(ids) else None, "max_id": int(ids.max()) if len(ids) else None,
-                            "index": {k: v for k, v in seg_index.items() if k != "forced"}, "states": new_states,
+                            "index": {k: v for k, v in seg_index.items() if k != "forced"}, "states": new_states, "lexical": True,
                             "integrity": integrity.record(self.folder, [self.docs_file, self.vectors_file], self.vectors)})
         else:
             self.new_docs.close()
-        next_segment = self.seg_id + 1
+        # Segments hold increasing id ranges in list order: the new ones sort by their first id.
+        entries += sorted(tail, key=lambda e: (e["min_id"] is None, e["min_id"] or 0))
+        next_segment = self._next_segment
         if merge != "none":
             entries, next_segment = merge_.apply(self.folder, entries, self.dim, manifest, next_segment, everything=merge == "all")
         fsync_dir(self.folder)  # the data files' names are durable before the manifest names them
@@ -417,6 +440,9 @@ class IndexWriter:
             self._close_base()
             for f in (self.docs_file, self.vectors_file, f"states/{self.states_file}"):
                 (self.folder / f).unlink(missing_ok=True)
+            for e in self.extra:
+                for f in [e["docs"], e["vectors"]] + [f"states/{s}" for s in e.get("states", [])]:
+                    (self.folder / f).unlink(missing_ok=True)
             self._release()
 
     def _close_base(self) -> None:

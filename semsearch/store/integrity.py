@@ -84,17 +84,32 @@ def record(folder: Path, names: list[str], vectors) -> dict[str, Any]:
     return out
 
 
+_CHECKED: dict[tuple, str] = {}  # (path, size, mtime_ns, inode, ctime_ns) -> fingerprint found: data files never change
+
+
 def check_file(folder: Path, name: str, want: dict | None) -> None:
-    """Before anything parses it: a data file exists with its recorded size and fingerprint."""
+    """Before anything parses it: a data file exists with its recorded size and fingerprint.
+    A file this process has checked already, unchanged since (same size, times and inode), is
+    not hashed again: published data files are immutable, and a write opens every segment."""
     p = Path(folder) / name
-    if not p.is_file():
+    try:
+        st = p.stat()
+    except OSError:
+        st = None
+    if st is None or not p.is_file():
         raise damaged(folder, name, "missing")
     if want is None:
         return  # written before integrity records (still checked by counts)
-    size = p.stat().st_size
-    if size != want.get("size"):
-        raise damaged(folder, name, f"damaged (size {size}, the manifest records {want.get('size')})")
-    if fingerprint(p) != want.get("fingerprint"):
+    if st.st_size != want.get("size"):
+        raise damaged(folder, name, f"damaged (size {st.st_size}, the manifest records {want.get('size')})")
+    key = (str(p), st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
+    found = _CHECKED.get(key)
+    if found is None:
+        found = fingerprint(p)
+        if len(_CHECKED) > 4096:
+            _CHECKED.clear()
+        _CHECKED[key] = found
+    if found != want.get("fingerprint"):
         raise damaged(folder, name, "damaged, or copied from another index (its bytes do not match the manifest)")
 
 

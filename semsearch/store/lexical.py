@@ -85,6 +85,17 @@ class Postings:
                  postings: np.ndarray, tfs: np.ndarray):
         self.ids, self.lengths, self.vocab, self.indptr, self.postings, self.tfs = ids, lengths, vocab, indptr, postings, tfs
         self.total_length = float(np.sum(lengths, dtype=np.float64))  # integer-valued: exact
+        self._per_posting: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+
+    def per_posting(self, k1: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(tf, tf (k1 + 1), length of the posting's row) per posting as float32, made once: the
+        parts of a BM25 weight that do not depend on the index's statistics, laid out so a query
+        term's weights are a few passes over contiguous slices (no gather by row)."""
+        got = self._per_posting
+        if got is None or got[3] != k1:
+            tf = self.tfs.astype(np.float32)
+            got = self._per_posting = (tf, tf * np.float32(k1 + 1), self.lengths[self.postings].astype(np.float32), k1)
+        return got[:3]
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -102,6 +113,34 @@ class Postings:
         vocab, starts = np.unique(h, return_index=True)
         indptr = np.append(starts, len(h)).astype(np.int64)
         return cls(ids, np.asarray(lengths, np.float32), vocab, indptr, rows, tf)
+
+    def check(self) -> "Postings":
+        """Stored arrays that agree with each other (damage inside a blob would otherwise surface
+        as an IndexError in some later query); ValueError where they do not."""
+        n, nnz = len(self.ids), len(self.postings)
+        if len(self.lengths) != n or len(self.tfs) != nnz or len(self.indptr) != len(self.vocab) + 1:
+            raise ValueError("posting array sizes disagree")
+        if len(self.indptr) and (self.indptr[0] != 0 or self.indptr[-1] != nnz or (np.diff(self.indptr) < 0).any()):
+            raise ValueError("posting offsets out of order")
+        if nnz and (int(self.postings.min()) < 0 or int(self.postings.max()) >= n):
+            raise ValueError("a posting names a row that does not exist")
+        if n > 1 and not (np.diff(self.ids) > 0).all():
+            raise ValueError("row ids out of order")
+        return self
+
+    @classmethod
+    def combine(cls, parts: Sequence["Postings"]) -> "Postings":
+        """One posting set over the rows of several, in their order (ids stay increasing); each
+        term's rows stay sorted (a stable sort by term keeps part order, then row order)."""
+        offsets = np.cumsum([0] + [len(p) for p in parts[:-1]])
+        h = np.concatenate([np.repeat(p.vocab, np.diff(p.indptr)) for p in parts])
+        rows = np.concatenate([(p.postings.astype(np.int64) + o) for p, o in zip(parts, offsets)]).astype(np.int32)
+        tfs = np.concatenate([p.tfs for p in parts])
+        order = np.argsort(h, kind="stable")
+        h, rows, tfs = h[order], rows[order], tfs[order]
+        vocab, starts = np.unique(h, return_index=True)
+        indptr = np.append(starts, len(h)).astype(np.int64)
+        return cls(np.concatenate([p.ids for p in parts]), np.concatenate([p.lengths for p in parts]), vocab, indptr, rows, tfs)
 
     def find(self, hashes: np.ndarray) -> np.ndarray:
         """Each hash's position in vocab, -1 where these rows do not hold it."""
@@ -144,7 +183,9 @@ class LexicalIndex:
             self.live = ~np.concatenate([d if d is not None else np.zeros(len(p), bool) for p, d in zip(self.parts, self._dead)])
         self.n = n  # live rows
         self.average_length = total / n if n else 1.0
-        self._norms: list[np.ndarray | None] = [None] * len(self.parts)
+        # tf (k1 + 1) / (tf + k1 (1 - b) + (k1 b / avg) len): the constants of this set of live rows
+        self._c0 = np.float32(k1 * (1 - b))
+        self._c1 = np.float32(k1 * b / max(self.average_length, 1e-9))
 
     def __len__(self) -> int:
         return self.n
@@ -158,14 +199,6 @@ class LexicalIndex:
         """An index over texts whose ids are their positions (for evaluation)."""
         enc = [encode_terms(t) for t in texts]
         return cls.from_rows(np.arange(len(texts)), [e[0] for e in enc], np.array([e[1] for e in enc]), **kw)
-
-    def _norm(self, j: int) -> np.ndarray:
-        """k1 (1 - b + b len / avg) of part j's rows (float32), made on first use."""
-        norm = self._norms[j]
-        if norm is None:
-            k1, b = self.k1, self.b
-            norm = self._norms[j] = k1 * (1 - b + b * self.parts[j].lengths.astype(np.float32) / max(self.average_length, 1e-9))
-        return norm
 
     def query_hashes(self, query: str) -> np.ndarray:
         """The query's distinct terms, in order of first occurrence (at most MAX_TERMS)."""
@@ -191,10 +224,16 @@ class LexicalIndex:
         return out
 
     def _weights(self, j: int, lo: int, hi: int, idf: float) -> np.ndarray:
-        """idf * tf (k1 + 1) / (tf + k1 (1 - b + b len / avg)) of postings lo:hi of part j (float32)."""
-        p = self.parts[j]
-        tf = p.tfs[lo:hi].astype(np.float32)
-        return (tf * (self.k1 + 1) / (tf + self._norm(j)[p.postings[lo:hi]])) * np.float32(idf)
+        """idf * tf (k1 + 1) / (tf + k1 (1 - b + b len / avg)) of postings lo:hi of part j (float32).
+        The same float32 operations on the same per-posting values whatever part a row is in, so
+        scores do not depend on the segmentation, bit for bit."""
+        tf, tf1, plen = self.parts[j].per_posting(self.k1)
+        den = plen[lo:hi] * self._c1
+        den += self._c0
+        den += tf[lo:hi]
+        w = np.divide(tf1[lo:hi], den, out=den)
+        w *= np.float32(idf)
+        return w
 
     def score_all(self, query: str) -> np.ndarray:
         """BM25 scores (rows,) of every row for query (0 where no query term occurs; deleted rows
@@ -326,7 +365,7 @@ def load(db: sqlite3.Connection) -> Postings | None:
         meta = json.loads(blobs.get("meta", b"{}"))
         if meta.get("analyzer") == ANALYZER and meta.get("rows") == n and all(k in blobs for k in ARRAYS):
             a = {k: np.frombuffer(blobs[k], DTYPES[k]) for k in ARRAYS}
-            return Postings(a["ids"], a["lengths"], a["vocab"], a["indptr"], a["postings"], a["tfs"])
+            return Postings(a["ids"], a["lengths"], a["vocab"], a["indptr"], a["postings"], a["tfs"]).check()
     rows = db.execute("SELECT id, lex, lex_len FROM chunks ORDER BY id").fetchall()
     return Postings.from_rows(np.array([r[0] for r in rows], np.int64), [r[1] for r in rows],
                                   np.array([r[2] or 0 for r in rows], np.float32))

@@ -131,10 +131,8 @@ def merge(folder: Path, group: list[dict], seg_id: int, dim: int, manifest) -> d
     """One segment holding the live rows of the group's segments: written, indexed, fsynced;
     gives back its manifest entry."""
     docs_file, vectors_file = f"docs.{seg_id}.sqlite", f"vectors.{seg_id}.faiss"
-    store = DocStore(folder / docs_file)
+    store = DocStore(folder / docs_file, unpublished=True)  # fsynced before the manifest names it
     try:
-        store.db.execute("PRAGMA journal_mode = OFF")  # unpublished until fsynced and named by the manifest
-        store.db.execute("PRAGMA synchronous = OFF")
         states: set[str] = set()
         for e in group:
             dead = Tombstones.load(folder / e["deletes"]) if e.get("deletes") else Tombstones()
@@ -157,7 +155,7 @@ def merge(folder: Path, group: list[dict], seg_id: int, dim: int, manifest) -> d
         fsync_file(folder / name)
     return {"id": seg_id, "docs": docs_file, "vectors": vectors_file, "deletes": None, "rows": counts["chunks"],
             "live": counts["chunks"], "files": counts["files"], "documents": counts["documents"], "min_id": lo, "max_id": hi,
-            "index": entry, "states": sorted(states),
+            "index": entry, "states": sorted(states), "lexical": True,
             "integrity": integrity.record(folder, [docs_file, vectors_file], vi)}
 
 

@@ -26,10 +26,32 @@ from semsearch.errors import IndexFormatError
 from semsearch.store import integrity
 from semsearch.store.docstore import DocStore, StoredFile
 from semsearch.store.files import DB_ERRORS, damaged
-from semsearch.store.lexical import LexicalIndex
+from semsearch.store.lexical import LexicalIndex, Postings
 from semsearch.store.vectors import VectorIndex
 
 DEL_SMALL = 256  # up to this many deletions, a segment is searched for k + deleted and filtered after
+SMALL_ROWS = 4096  # adjacent segments this small are searched together from memory (one matmul, one posting set)
+SMALL_RUN = 32768  # rows at most in one such group
+
+
+def small_runs(parts: list["Part"], flat_only: bool) -> list[list["Part"]]:
+    """The parts grouped: runs of adjacent small segments (each at most SMALL_ROWS rows, together
+    at most SMALL_RUN; flat ones only where `flat_only`), every other part alone. Writes leave a
+    tail of small segments until merges gather them: searched one by one, each costs a FAISS call
+    and numpy calls per query term; grouped, they cost about one."""
+    runs: list[list[Part]] = []
+    rows = 0
+    prev_small = False
+    for p in parts:
+        small = p.entry["rows"] <= SMALL_ROWS and (not flat_only or p.segment.vectors.kind == "flat")
+        if small and prev_small and rows + p.entry["rows"] <= SMALL_RUN:
+            runs[-1].append(p)
+            rows += p.entry["rows"]
+        else:
+            runs.append([p])
+            rows = p.entry["rows"]
+        prev_small = small
+    return runs
 
 
 # ---- tombstones ---------------------------------------------------------------------------------
@@ -368,16 +390,27 @@ class SegmentedDocs:
     def lexical(self) -> LexicalIndex | None:
         """BM25 over the live chunks of every segment (None where a segment predates lexical search)."""
         postings, deleted = [], []
-        for p in self.parts:
-            post = p.segment.postings()
-            if post is None:
+        for run in small_runs(self.parts, flat_only=False):
+            posts = [p.segment.postings() for p in run]
+            if any(post is None for post in posts):
                 return None
-            postings.append(post)
-            if len(p.dead.chunks):
-                pos = np.searchsorted(post.ids, p.dead.chunks).clip(0, max(len(post.ids) - 1, 0))
-                deleted.append(pos[post.ids[pos] == p.dead.chunks] if len(post.ids) else None)
-            else:
-                deleted.append(None)
+            dead = []
+            for p, post in zip(run, posts):
+                if len(p.dead.chunks) and len(post.ids):
+                    pos = np.searchsorted(post.ids, p.dead.chunks).clip(0, len(post.ids) - 1)
+                    dead.append(pos[post.ids[pos] == p.dead.chunks])
+                else:
+                    dead.append(np.zeros(0, np.int64))
+            if len(run) == 1:
+                postings.append(posts[0])
+                deleted.append(dead[0] if len(dead[0]) else None)
+                continue
+            key = ("postings-run",) + tuple(p.segment.key for p in run)
+            combined = run[-1].segment.memo(key, lambda posts=posts: Postings.combine(posts))
+            offsets = np.cumsum([0] + [len(post) for post in posts[:-1]])
+            d = np.concatenate([o + x for o, x in zip(offsets, dead)])
+            postings.append(combined)
+            deleted.append(d if len(d) else None)
         try:
             return LexicalIndex(postings, deleted)
         except ValueError as e:
@@ -393,6 +426,17 @@ class SegmentedVectors:
         self.kind = index_entry.get("type", "flat")
         self.params = dict(index_entry.get("params") or {})
         self.device = device if any(p.segment.vectors.device == "cuda" for p in parts) else "cpu"
+        self._runs: list | None = None
+        self._runs_lock = threading.Lock()
+
+    def runs(self) -> list:
+        """Each part alone, or runs of small flat parts as one _Small (made on first use)."""
+        if self._runs is None:
+            with self._runs_lock:
+                if self._runs is None:
+                    self._runs = [run[0] if len(run) == 1 else _Small(run) for run in small_runs(self.parts, flat_only=True)
+                                  if any(p.live for p in run)]
+        return self._runs
 
     @property
     def ntotal(self) -> int:
@@ -414,13 +458,14 @@ class SegmentedVectors:
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """(scores (n, k), ids (n, k)); rows may hold fewer than k hits, padded with id -1."""
         q = np.ascontiguousarray(queries, np.float32)
-        got = [self._one(p, q, k) for p in self.parts if p.live]
+        got = [r.search(q, k) if isinstance(r, _Small) else self._one(r, q, k) for r in self.runs()]
         return _merge(got, len(q), k)
 
     def search_filtered(self, queries: np.ndarray, k: int, allowed) -> tuple[np.ndarray, np.ndarray]:
         """search() among the allowed ids (a Selection over global ids, deleted ones not in it)."""
         q = np.ascontiguousarray(queries, np.float32)
-        got = [p.segment.vectors.search_filtered(q, k, allowed) for p in self.parts if p.live]
+        got = [r.search(q, k, allowed) if isinstance(r, _Small) else r.segment.vectors.search_filtered(q, k, allowed)
+               for r in self.runs()]
         return _merge(got, len(q), k)
 
     def reconstruct(self, ids: np.ndarray) -> np.ndarray | None:
@@ -443,6 +488,50 @@ class SegmentedVectors:
                 out = np.empty((len(ids), v.shape[1]), np.float32)
             out[sel] = v
         return out
+
+
+class _Small:
+    """Adjacent small flat segments searched as one, exactly, from memory: their vectors in one
+    matrix (kept with the last segment across generations while the group is the same)."""
+
+    def __init__(self, run: list[Part]):
+        key = ("matrix-run",) + tuple(p.segment.key for p in run)
+
+        def build():
+            import faiss
+
+            ids = np.concatenate([p.segment.ids for p in run])
+            flat = faiss.IndexFlatIP(run[0].segment.vectors.index.d)
+            for p in run:
+                flat.add(np.ascontiguousarray(p.segment.vectors.reconstruct(p.segment.ids), np.float32))
+            return ids, flat
+
+        self.ids, self.flat = run[-1].segment.memo(key, build)
+        dead = [p.dead.chunks for p in run if len(p.dead.chunks)]
+        self.live = ~np.isin(self.ids, np.concatenate(dead)) if dead else None
+
+    def search(self, q: np.ndarray, k: int, allowed=None) -> tuple[np.ndarray, np.ndarray]:
+        """Exact top k over the group's rows (FAISS's flat scan on one thread: for a few
+        thousand rows faster than a BLAS call, whose threads then contend with the encoder's)."""
+        import faiss
+
+        from semsearch.store.vectors import one_omp_thread
+
+        keep = self.live
+        if allowed is not None:
+            inside = self.ids < len(allowed.mask)
+            ok = np.zeros(len(self.ids), bool)
+            ok[inside] = allowed.mask[self.ids[inside]]
+            keep = ok if keep is None else keep & ok
+        k_ = min(k, len(self.ids))
+        if not k_:
+            return np.zeros((len(q), 0), np.float32), np.zeros((len(q), 0), np.int64)
+        params = None
+        if keep is not None:
+            params = faiss.SearchParameters(sel=faiss.IDSelectorBitmap(np.packbits(keep, bitorder="little")))
+        with one_omp_thread():
+            s, rows = self.flat.search(q, k_, params=params)
+        return s, np.where(rows >= 0, self.ids[rows.clip(0)], -1)
 
 
 def _merge(got: list[tuple[np.ndarray, np.ndarray]], nq: int, k: int) -> tuple[np.ndarray, np.ndarray]:

@@ -1,0 +1,81 @@
+"""Writing a whole segment away from the index's writer: for engine workers (Ray tasks), which
+turn their staged rows into a finished segment (docstore, lexical postings, vector index, kept
+states) with ids the driver assigned, so the driver only publishes the manifest.
+
+The segment's files are fsynced; nothing names them until the driver's manifest does, so a
+worker that dies leaves files the next writer removes.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+
+from semsearch.store import integrity, lexical
+from semsearch.store.docstore import DocStore
+from semsearch.store.files import fsync_file
+from semsearch.store.vectors import VectorIndex
+
+
+def write_segment(folder: Path, seg_id: int, dim: int, files: list[dict[str, Any]],
+                  chunks: Iterable[tuple[int, int, Any, np.ndarray, Any]], requested: str = "auto",
+                  target_recall: float = 0.95, state_dim: int | None = None, params: dict | None = None) -> dict[str, Any]:
+    """Write segment `seg_id` into `folder`: `files` are file records with their ids (id, path,
+    hash, size, mtime_ns, ctime_ns, inode, documents, indexed_at); `chunks` yields (chunk id,
+    file id, ChunkRow, vector, token states or None) in id order. Gives back its manifest entry."""
+    from semsearch.store.merge import build_vectors
+
+    folder = Path(folder)
+    docs_file, vectors_file = f"docs.{seg_id}.sqlite", f"vectors.{seg_id}.faiss"
+    states_name = f"{seg_id}.f16"
+    store = DocStore(folder / docs_file, unpublished=True)  # fsynced before a manifest names it
+    vi = VectorIndex.create(dim, "flat")
+    states_fh = None
+    states_rows = 0
+    try:
+        db = store.db
+        db.executemany("INSERT INTO files (id, path, hash, size, mtime_ns, ctime_ns, inode, documents, indexed_at)"
+                       " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                       [(f["id"], f["path"], f["hash"], f["size"], f["mtime_ns"], f["ctime_ns"], f["inode"], f["documents"],
+                         f["indexed_at"]) for f in files])
+        ids: list[int] = []
+        vecs: list[np.ndarray] = []
+        for cid, file_id, r, v, st in chunks:
+            ref = (None, None, None)
+            if st is not None:
+                if states_fh is None:
+                    (folder / "states").mkdir(exist_ok=True)
+                    states_fh = open(folder / "states" / states_name, "wb")
+                ref = (states_name, states_rows, int(st.shape[0]))
+                states_fh.write(np.ascontiguousarray(st, np.float16).tobytes())
+                states_rows += int(st.shape[0])
+            db.execute("INSERT INTO chunks (id, file_id, row, ord, start, end, line, text, metadata, vector, state_file,"
+                       " state_off, state_len, lex, lex_len) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                       (int(cid), int(file_id), r.row, r.ord, r.start, r.end, r.line, r.text,
+                        json.dumps(r.metadata, ensure_ascii=False) if r.metadata else None,
+                        np.ascontiguousarray(v, np.float32).tobytes(), *ref, *lexical.encode_terms(r.text)))
+            ids.append(int(cid))
+            vecs.append(np.asarray(v, np.float32))
+        if ids:
+            vi.add(np.array(ids, np.int64), np.stack(vecs))
+        counts = store.counts()
+        vi, index = build_vectors(store, dim, requested, counts["chunks"], target_recall, params=params, current=vi)
+        store.write_lexical()
+        store.commit()
+        lo, hi = store.db.execute("SELECT MIN(id), MAX(id) FROM chunks").fetchone()
+    finally:
+        store.close()
+        if states_fh is not None:
+            states_fh.flush()
+            os.fsync(states_fh.fileno())
+            states_fh.close()
+    vi.save(folder / vectors_file)
+    for name in (docs_file, vectors_file):
+        fsync_file(folder / name)
+    return {"id": seg_id, "docs": docs_file, "vectors": vectors_file, "deletes": None, "rows": counts["chunks"],
+            "live": counts["chunks"], "files": counts["files"], "documents": counts["documents"], "min_id": lo, "max_id": hi,
+            "index": index, "states": [states_name] if states_fh is not None else [], "lexical": True,
+            "integrity": integrity.record(folder, [docs_file, vectors_file], vi)}
