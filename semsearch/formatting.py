@@ -56,6 +56,7 @@ def info_rows(folder, m) -> list[tuple[str, object]]:
         ("max length", f"{m.max_length} tokens; chunks of {m.chunking['window']} tokens, overlap {m.chunking['overlap']}"),
         ("precision", m.precision),
         ("holds", f"{m.counts['files']} files, {m.counts['documents']} documents, {m.counts['chunks']} chunks"),
+        ("segments", _segments(m)),
         ("created", m.created),
         ("updated", m.updated),
         ("last run", f"{last.get('added', 0)} added, {last.get('updated', 0)} updated, {last.get('removed', 0)} removed, "
@@ -74,6 +75,15 @@ def info_rows(folder, m) -> list[tuple[str, object]]:
         rows.append(("index recall", f"{r['recall']:.3f} recall@{r['k']} against exact search on {r['queries']} queries "
                                      f"(target {r['target']}{', ' + r['knob'] + '=' + str(r['value']) if 'knob' in r else ''})"))
     return rows
+
+
+def _segments(m) -> str:
+    """'3 (100000, 1002, 6 live chunks; 12 deleted, not yet merged away)'."""
+    live = [e["live"] for e in m.segments]
+    dead = sum(e["rows"] - e["live"] for e in m.segments)
+    shown = ", ".join(map(str, live[:8])) + (", ..." if len(live) > 8 else "")
+    return (f"{len(live)} ({shown} live chunks" + (f"; {dead} deleted, not yet merged away" if dead else "") + ")"
+            + ("; `semsearch compact` merges them" if len(live) > 1 else ""))
 
 
 def eval_report(report: dict) -> str:
