@@ -136,7 +136,9 @@ def evaluate(
         data = subset(ev.load_beir(Path(dataset), split))
         r = Retriever.load(index, device=device)
         try:
-            return ev.evaluate_index(data, r, cutoffs, modes=list(modes or ["dense"]), fusion=fusion, alpha=alpha).to_dict()
+            # An index is evaluated as built in every mode it offers, unless modes are named.
+            every = ["dense", "lexical", "hybrid"] if r.default_mode == "hybrid" else ["dense"]
+            return ev.evaluate_index(data, r, cutoffs, modes=list(modes or every), fusion=fusion, alpha=alpha).to_dict()
         finally:
             r.close()
     enc = encoder_for_index(None, model, None, Path(head) if head is not None else None, device, precision, max_length)

@@ -286,7 +286,8 @@ def compact(index, as_json):
 @click.option("--precision", type=click.Choice(["auto", "fp32", "bf16", "fp16", "int8"]), default="auto", show_default=True, help="Encoder arithmetic (see `index --help`).")
 @click.option("--max-length", type=click.IntRange(min=8), default=None, help="Truncate texts at this many tokens (default: the model's, 256 for all-MiniLM-L6-v2).")
 @click.option("--mode", "modes", default=None, callback=_mode_list,
-              help="Comma-separated search modes to compare (one encoder pass): dense, lexical, hybrid. Default: dense.")
+              help="Comma-separated search modes to compare (one encoder pass): dense, lexical, hybrid. Default: dense; "
+                   "with --index, every mode the index offers.")
 @fusion_options
 @click.option("--json", "as_json", is_flag=True, help="Every number and the settings that produced it, as JSON.")
 @click.option("--per-query", is_flag=True, help="With --json / --out: also each query's nDCG@k and recall@k.")

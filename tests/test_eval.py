@@ -153,6 +153,7 @@ def test_eval_existing_index_reports_ann_recall(tmp_path):
     r = CliRunner().invoke(main, ["eval", str(root), "--index", str(folder), "--max-queries", "20", "--json"])
     assert r.exit_code == 0, r.output
     rep = json.loads(r.output)
-    index_row, exact_row = rep["results"]
+    index_row, exact_row, lexical_row, hybrid_row = rep["results"]  # every mode the index offers
     assert index_row["ann_recall@10"] == 1.0  # a flat index is exact
     assert index_row["ndcg@10"] == exact_row["ndcg@10"] > 60
+    assert (lexical_row["search"], hybrid_row["search"]) == ("lexical", "hybrid") and hybrid_row["ndcg@10"] > 60
