@@ -164,11 +164,21 @@ class Part:
 
     @property
     def lo(self) -> int:
+        """The segment's first chunk id (-1: it holds none): from the manifest where it records it
+        (reading a large segment's ids costs a scan of its chunks)."""
+        if self.entry.get("min_id") is not None:
+            return int(self.entry["min_id"])
+        if self.entry.get("rows") == 0:
+            return -1
         ids = self.segment.ids
         return int(ids[0]) if len(ids) else -1
 
     @property
     def hi(self) -> int:
+        if self.entry.get("max_id") is not None:
+            return int(self.entry["max_id"])
+        if self.entry.get("rows") == 0:
+            return -2
         ids = self.segment.ids
         return int(ids[-1]) if len(ids) else -2
 
@@ -223,8 +233,9 @@ def open_parts(folder: Path, manifest, device: str = "cpu", reuse: dict | None =
                     integrity.check_file(folder, name, ((entry.get("integrity") or {}).get("files") or {}).get(name))
                     dead = Tombstones.load(Path(folder) / name)
             parts.append(Part(seg, dead, entry))
-        for a, b in zip(parts, parts[1:]):
-            if len(a.segment.ids) and len(b.segment.ids) and a.hi >= b.lo:
+        held = [p for p in parts if p.entry.get("rows", 1)]
+        for a, b in zip(held, held[1:]):
+            if a.hi >= b.lo >= 0:
                 raise damaged(folder, "manifest.json", f"segments {a.segment.id} and {b.segment.id} overlap in chunk ids")
     except BaseException:
         for s in opened:
@@ -276,11 +287,10 @@ class SegmentedDocs:
         ids = sorted({int(i) for i in ids})
         if not ids or not self.parts:
             return []
-        los = np.array([p.lo if len(p.segment.ids) else np.iinfo(np.int64).max for p in self.parts], np.int64)
-        at = np.searchsorted(los, np.array(ids, np.int64), "right") - 1
+        at = _part_of(self.parts, np.array(ids, np.int64))
         out: dict[int, list[int]] = {}
         for i, j in zip(ids, at.tolist()):
-            if j >= 0 and i <= self.parts[j].hi:
+            if j >= 0:
                 out.setdefault(j, []).append(i)
         routed = []
         for j, part_ids in sorted(out.items()):
@@ -475,8 +485,7 @@ class SegmentedVectors:
         if not len(ids):
             return np.zeros((0, 0), np.float32)
         out = None
-        los = np.array([p.lo if len(p.segment.ids) else np.iinfo(np.int64).max for p in self.parts], np.int64)
-        at = np.searchsorted(los, ids, "right") - 1
+        at = _part_of(self.parts, ids)
         for j in np.unique(at).tolist():
             if j < 0:
                 return None
@@ -488,6 +497,18 @@ class SegmentedVectors:
                 out = np.empty((len(ids), v.shape[1]), np.float32)
             out[sel] = v
         return out
+
+
+def _part_of(parts: list[Part], ids: np.ndarray) -> np.ndarray:
+    """For each id, the index in parts of the part whose id range holds it (-1: none)."""
+    held = [j for j, p in enumerate(parts) if p.lo >= 0]
+    if not held:
+        return np.full(len(ids), -1, np.int64)
+    los = np.array([parts[j].lo for j in held], np.int64)
+    his = np.array([parts[j].hi for j in held], np.int64)
+    at = np.searchsorted(los, ids, "right") - 1
+    ok = (at >= 0) & (ids <= his[at.clip(0)])
+    return np.where(ok, np.array(held, np.int64)[at.clip(0)], -1)
 
 
 class _Small:
