@@ -30,6 +30,7 @@ def main() -> None:
     ap.add_argument("--precision", default="auto")
     ap.add_argument("--keep", type=Path, default=None, help="keep the corpora and indexes in this folder")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--evaluate-only", action="store_true", help="evaluate the indexes a --keep folder holds already")
     a = ap.parse_args()
 
     from semsearch import api
@@ -39,6 +40,8 @@ def main() -> None:
 
     root = a.keep or Path(tempfile.mkdtemp(prefix="eval-incremental-"))
     root.mkdir(parents=True, exist_ok=True)
+    if a.evaluate_only:
+        return report(a, root, [len(Manifest.load(root / "incremental").segments)], None, None)
     lines = Path(a.data, "corpus.jsonl").read_text(encoding="utf-8").splitlines()
     per = -(-len(lines) // a.runs)
     parts = [lines[i : i + per] for i in range(0, len(lines), per)]
@@ -62,13 +65,22 @@ def main() -> None:
         segs.append(len(Manifest.load(root / "incremental").segments))
         print(f"run {j + 1}: +{rep.chunks} chunks, {segs[-1]} segment(s)", flush=True)
     inc_s = time.perf_counter() - t
+    report(a, root, segs, one_s, inc_s, enc.precision)
+
+
+def report(a, root: Path, segs: list[int], one_s: float | None, inc_s: float | None, precision: str | None = None) -> None:
+    from semsearch import api
+    from semsearch.store import Manifest
+
+    precision = precision or Manifest.load(root / "one-shot").precision
+    parts = sorted((root / "corpus-all").glob("*.jsonl"))
     out = {}
     for name in ("one-shot", "incremental"):
         rep = api.evaluate(a.data, split="test", index=root / name, modes=["dense", "lexical", "hybrid"], device="cpu")
-        out[name] = {r["search"]: r for r in rep["rows"]}
+        out[name] = {r["search"]: r for r in rep["results"]}
     keys = ["ndcg@10", "recall@100"]
-    print(f"\nSciFact test, {enc.precision} encoder, {len(parts)} files; one run {one_s:.0f} s, {len(parts)} runs {inc_s:.0f} s; "
-          f"segments after each run: {segs}")
+    took = f"; one run {one_s:.0f} s, {len(parts)} runs {inc_s:.0f} s" if one_s is not None else ""
+    print(f"\nSciFact test, {precision} encoder, {len(parts)} files{took}; segments after each run: {segs}")
     print(f"{'search':<10}" + "".join(f"{'one-shot ' + k:>22}{'incremental ' + k:>24}" for k in keys))
     equal = True
     for mode in out["one-shot"]:
@@ -77,7 +89,7 @@ def main() -> None:
         equal &= all(a_.get(k) == b_.get(k) for k in a_ if k not in ("pooling", "search"))
     print("every figure equal:", equal)
     if a.json:
-        a.json.write_text(json.dumps({"results": out, "segments": segs, "equal": equal, "precision": enc.precision,
+        a.json.write_text(json.dumps({"results": out, "segments": segs, "equal": equal, "precision": precision,
                                       "seconds": {"one_shot": one_s, "incremental": inc_s}}, indent=2))
     if a.keep is None:
         shutil.rmtree(root, ignore_errors=True)
