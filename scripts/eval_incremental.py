@@ -33,7 +33,6 @@ def main() -> None:
     ap.add_argument("--evaluate-only", action="store_true", help="evaluate the indexes a --keep folder holds already")
     a = ap.parse_args()
 
-    from semsearch import api
     from semsearch.corpus.readers import ReadOptions
     from semsearch.indexing import encoder_for_index, index_corpus
     from semsearch.store import Manifest

@@ -171,7 +171,7 @@ def build_segment(task: dict) -> dict:
     got: dict[int, int] = {}
 
     def chunks():
-        for seq, status, rows, vecs, states in _group_files([Path(p) for p in task["shards"]], task["dim"],
+        for seq, _status, rows, vecs, states in _group_files([Path(p) for p in task["shards"]], task["dim"],
                                                             task["state_dim"] or 1):
             rec = files.get(seq)
             if rec is None:

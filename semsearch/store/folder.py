@@ -383,7 +383,7 @@ class IndexWriter:
             self.vectors.save(self.folder / self.vectors_file)
             for name in (self.docs_file, self.vectors_file):
                 fsync_file(self.folder / name)
-            ids = np.array([r[0] for r in DocStore_ids(self.folder / self.docs_file)], np.int64)
+            ids = np.array([r[0] for r in _chunk_ids(self.folder / self.docs_file)], np.int64)
             tail.append({"id": self.seg_id, "docs": self.docs_file, "vectors": self.vectors_file, "deletes": None,
                             "rows": new_counts["chunks"], "live": new_counts["chunks"], "files": new_counts["files"],
                             "documents": new_counts["documents"],
@@ -461,7 +461,7 @@ class IndexWriter:
             p.unlink(missing_ok=True)
 
 
-def DocStore_ids(path: Path):
+def _chunk_ids(path: Path):
     db = sqlite3.connect(path)
     try:
         return db.execute("SELECT id FROM chunks").fetchall()
