@@ -26,6 +26,8 @@ from semsearch.store.manifest import Manifest
 
 log = logging.getLogger(__name__)
 
+SEGMENT_CHUNKS = 250_000  # a local run publishes a segment each time it has written this many new chunks
+
 
 @dataclass
 class IndexReport:
@@ -241,13 +243,18 @@ def index_corpus(
     include=(),
     exclude=(),
     force: bool = False,
+    segment_chunks: int | None = SEGMENT_CHUNKS,
 ) -> IndexReport:
     """Index (or incrementally update) `folder` from the files under `corpus`. `checksum` hashes
     every file instead of trusting unchanged size, times and inode; `found` is scan_corpus()'s; `engine` (from semsearch.engines.make_engine) reads, chunks
     and encodes elsewhere, None streams in this process. `include` / `exclude`: gitignore-style
     globs relative to the corpus root choosing the files (when `found` is not given). A head new
     to the index (the encoder's head_info) that records another corpus than the index's documents
-    is refused (HeadCorpusMismatch) unless `force`: see encoder.heads.check_head_corpus."""
+    is refused (HeadCorpusMismatch) unless `force`: see encoder.heads.check_head_corpus.
+    `segment_chunks`: the local engine publishes what it has written as a segment (flat, searched
+    exactly) each time it holds this many new chunks, between files, so that a long run that is
+    interrupted resumes from there; the run's segments are merged into one at its end (None:
+    publish once, at the end)."""
     from semsearch.store.resume import ResumeCache, encoder_key
 
     t0 = time.perf_counter()
@@ -270,7 +277,40 @@ def index_corpus(
         report.seconds = time.perf_counter() - t0
         return report
     writer = IndexWriter(folder, encoder.out_dim, base)
+    holder = [writer]  # the current writer: a long run publishes segments as it goes (roll)
     cache = None
+    vs = vectors or VectorSettings()
+
+    def manifest_for(w: IndexWriter, entry: dict) -> Manifest:
+        return Manifest(
+            model=encoder.name, model_fingerprint=encoder.fingerprint, backend=encoder.backend,
+            pooling=encoder.pooling, dim=encoder.out_dim, max_length=encoder.max_length,
+            precision=encoder.precision, chunking={"window": chunking.window, "overlap": chunking.overlap},
+            head=getattr(encoder, "head_info", None), counts=w.docs.counts(),
+            states={"dtype": "float16", "dim": encoder.dim} if keep_states else None,
+            model_files=weight_stats(encoder.folder) if getattr(encoder, "folder", None) else {},
+            created=base.created if base else "", index=entry,
+        )
+
+    def roll(w: IndexWriter) -> IndexWriter:
+        """Publish w's new segment as it is (flat: the run's segments are merged, and indexed as
+        their size asks, at its end) and go on with a new writer."""
+        from semsearch.store.merge import build_vectors
+
+        req = vs.index_type if vs.index_type != "auto" else (base.index["type"] if base is not None and base.index.get("forced") else "auto")
+        w.vectors, entry = build_vectors(w.docs.new, encoder.out_dim, "flat", w.docs.new.counts()["chunks"], vs.target_recall,
+                                         current=w.vectors)
+        entry["forced"] = req != "auto"
+        if entry["forced"]:
+            entry["requested"] = req
+        m = manifest_for(w, entry)
+        m.last_run = {k: v for k, v in report.as_dict().items() if k not in ("totals", "index")}
+        m.last_run.update(at=now(), partial=True)
+        w.commit(m, merge="none", rolled=True)
+        log.info("published %d chunks so far as a segment", m.counts["chunks"])
+        holder[0] = IndexWriter(folder, encoder.out_dim, Manifest.load(folder))
+        return holder[0]
+
     try:
         cache = None if keep_states else ResumeCache(folder, encoder_key(encoder))
         new_head = _new_head(base, encoder)
@@ -282,7 +322,8 @@ def index_corpus(
             report.repool_seconds = round(time.perf_counter() - t, 2)
         if engine is None:
             _update(writer, found.files, corpus.resolve(), encoder, chunking, read, report, progress, flush_chunks, keep_states,
-                    cache, checksum)
+                    cache, checksum, roll if segment_chunks and not needs_repool else None, segment_chunks or 0)
+            writer = holder[0]
         else:
             from semsearch.engines.build import update_with_engine
 
@@ -291,26 +332,18 @@ def index_corpus(
         report.resumed = cache.reused if cache else 0
         if new_head is not None and base is None:  # a new index: its documents are known now
             _check_head_corpus(new_head, writer, force)
-        index_entry = finalize_vectors(writer, encoder.out_dim, vectors or VectorSettings(), base)
+        index_entry = finalize_vectors(writer, encoder.out_dim, vs, base)
         counts = writer.docs.counts()
-        manifest = Manifest(
-            model=encoder.name, model_fingerprint=encoder.fingerprint, backend=encoder.backend,
-            pooling=encoder.pooling, dim=encoder.out_dim, max_length=encoder.max_length,
-            precision=encoder.precision, chunking={"window": chunking.window, "overlap": chunking.overlap},
-            head=getattr(encoder, "head_info", None), counts=counts,
-            states={"dtype": "float16", "dim": encoder.dim} if keep_states else None,
-            model_files=weight_stats(encoder.folder) if getattr(encoder, "folder", None) else {},
-            created=base.created if base else "", index=index_entry,
-        )
+        manifest = manifest_for(writer, index_entry)
         report.totals = counts
         report.seconds = time.perf_counter() - t0
         manifest.last_run = {k: v for k, v in report.as_dict().items() if k not in ("totals", "index")}
         manifest.last_run["at"] = now()
-        writer.commit(manifest)
+        writer.commit(manifest, merge="run")  # the segments this run published as it went become one
     except BaseException as e:
         if cache is not None:
             cache.close()  # kept: the next run takes the vectors embedded so far from it
-        writer.abort()
+        holder[0].abort()
         if isinstance(e, (sqlite3.DatabaseError, UnicodeDecodeError)) and base is not None:  # a docstore had damage its checks did not reach
             raise damaged(folder, base.files.get("docs", "docs"), f"damaged ({e})") from e
         raise
@@ -386,8 +419,12 @@ def _check_head_corpus(head: str, writer: IndexWriter, force: bool) -> None:
 
 
 def _update(writer, files, root, encoder, chunking, read, report, progress, flush_chunks, keep_states,
-            cache=None, checksum: bool = False) -> None:
+            cache=None, checksum: bool = False, roll=None, segment_chunks: int = 0) -> None:
+    """Walked files into the writer's new segment. `roll(writer) -> writer` publishes what is
+    written so far and gives the writer to go on with, called between files once the new
+    segment holds `segment_chunks` chunks."""
     store = writer.docs
+    written = [0]  # chunks in the new segment since the last roll
     stored = store.files()
     seen: set[str] = set()
     pending: list[ChunkRow] = []
@@ -404,6 +441,7 @@ def _update(writer, files, root, encoder, chunking, read, report, progress, flus
                 vecs = encoder.encode([c.text for c in pending], progress=False)
             writer.vectors.add(store.add_chunks(pending, vecs), vecs)
             report.chunks += len(pending)
+            written[0] += len(pending)
             pending.clear()
 
     bar = progress_bar(sum(f.size for f in files), "indexing", "B", progress, unit_scale=True)
@@ -473,6 +511,11 @@ def _update(writer, files, root, encoder, chunking, read, report, progress, flus
         store.set_documents(file_id, len(doc_numbers))
         report.documents += len(doc_numbers)
         bar.update(f.size - done)
+        if roll is not None and written[0] + len(pending) >= segment_chunks:
+            flush()  # a file's chunks and its record stay in one segment: publish between files
+            writer = roll(writer)
+            store = writer.docs
+            written[0] = 0
     flush()
     bar.close()
     drop_gone(writer, stored, seen, root, report)  # files under this corpus root that are gone

@@ -259,3 +259,73 @@ def test_kill_9_during_a_write_loses_nothing_published(where, tmp_path, fake_enc
     assert not verify(folder)
     m = Manifest.load(folder)
     assert {p.name for p in folder.iterdir() if p.name[0] != "." and p.name != "manifest.json"} == m.data_files()
+
+
+# ---- a long run publishes segments as it goes ---------------------------------------------------
+def _corpus(root: Path, n: int = 12) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    for i in range(n):
+        (root / f"f{i:02d}.txt").write_text(_text(random.Random(100 + i), 40) + "\n")
+    return root
+
+
+def test_a_long_run_publishes_segments_and_ends_as_one(tmp_path, fake_encoder):
+    from test_engines import assert_same_index
+
+    src = _corpus(tmp_path / "c")
+    index_corpus(src, tmp_path / "once", fake_encoder, progress=False, segment_chunks=None)
+    seen = []
+    real = Manifest.save
+
+    def save(self, folder):  # every generation the run publishes
+        real(self, folder)
+        seen.append((len(self.segments), self.counts["chunks"], bool(self.last_run.get("partial"))))
+
+    Manifest.save = save
+    try:
+        index_corpus(src, tmp_path / "rolled", fake_encoder, progress=False, segment_chunks=5)
+    finally:
+        Manifest.save = real
+    assert len(seen) > 2 and all(p for *_, p in seen[:-1]) and not seen[-1][2]  # partial generations, then the whole
+    assert [c for _, c, _ in seen] == sorted(c for _, c, _ in seen)  # each holds more
+    assert len(Manifest.load(tmp_path / "rolled").segments) == 1  # merged at the end
+    assert_same_index(tmp_path / "once", tmp_path / "rolled")
+
+
+ROLL_KILL = textwrap.dedent("""
+    import os, signal, sys
+    sys.path.insert(0, {tests!r})
+    from conftest import FakeEncoder
+    from semsearch.indexing import index_corpus
+    from semsearch.store import folder
+    real, n = folder.IndexWriter.commit, [0]
+    def commit(self, manifest, merge="auto", rolled=False):
+        real(self, manifest, merge, rolled)
+        n[0] += 1
+        if n[0] == 2:
+            os.kill(os.getpid(), signal.SIGKILL)  # after two segments were published
+    folder.IndexWriter.commit = commit
+    index_corpus({src!r}, {folder!r}, FakeEncoder(), progress=False, segment_chunks=5)
+""")
+
+
+def test_a_killed_long_run_resumes_from_its_last_segment(tmp_path, fake_encoder):
+    from test_engines import assert_same_index
+
+    src = _corpus(tmp_path / "c")
+    index_corpus(src, tmp_path / "once", fake_encoder, progress=False, segment_chunks=None)
+    folder = tmp_path / "idx"
+    code = ROLL_KILL.format(tests=str(Path(__file__).parent), src=str(src), folder=str(folder))
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == -signal.SIGKILL, p.stderr
+    m = Manifest.load(folder)
+    done = m.counts["files"]
+    assert 0 < done < 12 and m.last_run.get("partial")  # two segments' worth of files were published
+    r = Retriever.load(folder, encoder=fake_encoder)
+    assert len(r) == m.counts["chunks"]  # and answer queries meanwhile
+    r.close()
+    rep = index_corpus(src, folder, fake_encoder, progress=False, segment_chunks=5)
+    assert rep.unchanged == done and rep.added == 12 - done  # resumed: the published files are not read again
+    assert len(Manifest.load(folder).segments) == 1
+    assert_same_index(tmp_path / "once", folder)
+    assert not verify(folder)

@@ -340,9 +340,11 @@ class IndexWriter:
         for i, v in zip(ids, vecs):
             self.vectors.add(i, v)
 
-    def commit(self, manifest: Manifest, merge: str = "auto") -> None:
+    def commit(self, manifest: Manifest, merge: str = "auto", rolled: bool = False) -> None:
         """Publish: the new segment, changed tombstones, merges ('auto': as the merge policy asks;
-        'all': every segment into one; 'none'), then manifest.json in one rename. `manifest`
+        'all': every segment into one; 'run': first the segments a long run published as it went
+        (`rolled` ones, the tail of the list) with this one, then as 'auto'; 'none'), then
+        manifest.json in one rename. `rolled`: this commit is one of those. `manifest`
         carries the settings; its segments, counts, ids and generation are filled here, and its
         `index` entry is taken as the new segment's (finalize_vectors)."""
         from semsearch.store import merge as merge_
@@ -388,7 +390,8 @@ class IndexWriter:
                             "rows": new_counts["chunks"], "live": new_counts["chunks"], "files": new_counts["files"],
                             "documents": new_counts["documents"],
                             "min_id": int(ids.min()) if len(ids) else None, "max_id": int(ids.max()) if len(ids) else None,
-                            "index": {k: v for k, v in seg_index.items() if k != "forced"}, "states": new_states, "lexical": True,
+                            "index": {k: v for k, v in seg_index.items() if k not in ("forced", "requested")},
+                            "states": new_states, "lexical": True, "rolled": rolled,
                             "integrity": integrity.record(self.folder, [self.docs_file, self.vectors_file], self.vectors)})
         else:
             self.new_docs.close()
@@ -396,7 +399,12 @@ class IndexWriter:
         entries += sorted(tail, key=lambda e: (e["min_id"] is None, e["min_id"] or 0))
         next_segment = self._next_segment
         if merge != "none":
-            entries, next_segment = merge_.apply(self.folder, entries, self.dim, manifest, next_segment, everything=merge == "all")
+            tail = 0
+            if merge == "run":
+                while tail < len(entries) and (entries[-1 - tail].get("rolled") or entries[-1 - tail]["id"] == self.seg_id):
+                    tail += 1
+            entries, next_segment = merge_.apply(self.folder, entries, self.dim, manifest, next_segment,
+                                                 everything=merge == "all", tail=tail)
         fsync_dir(self.folder)  # the data files' names are durable before the manifest names them
         manifest.segments = entries
         manifest.next_ids = {"chunk": next_chunk, "file": next_file, "segment": next_segment}

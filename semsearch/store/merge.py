@@ -85,9 +85,14 @@ def plan(entries: list[dict], everything: bool = False) -> list[tuple[int, int]]
 
 
 def apply(folder: Path, entries: list[dict], dim: int, manifest, next_segment: int,
-          everything: bool = False) -> tuple[list[dict], int]:
+          everything: bool = False, tail: int = 0) -> tuple[list[dict], int]:
     """The entries after the merges the policy asks for (each merged segment written and
-    fsynced); gives back (entries, next free segment id)."""
+    fsynced); gives back (entries, next free segment id). `tail`: first merge the last `tail`
+    entries into one (the segments a long run published as it went)."""
+    if tail > 1 and not everything:
+        merged = merge(Path(folder), entries[-tail:], next_segment, dim, manifest)
+        log.info("merged the run's %d segments into segment %d (%d chunks)", tail, next_segment, merged["live"])
+        entries, next_segment = entries[:-tail] + [merged], next_segment + 1
     out: list[dict] = []
     at = 0
     for a, b in plan(entries, everything):
@@ -142,7 +147,7 @@ def merge(folder: Path, group: list[dict], seg_id: int, dim: int, manifest) -> d
         if any("states" not in e for e in group):
             states = store.state_files()
         index = (manifest.index or {})
-        requested = index.get("type", "auto") if index.get("forced") else "auto"
+        requested = index.get("requested", index.get("type", "auto")) if index.get("forced") else "auto"
         target = (index.get("recall") or {}).get("target", 0.95)
         vi, entry = build_vectors(store, dim, requested, counts["chunks"], target, params=index.get("params"))
         store.write_lexical()
