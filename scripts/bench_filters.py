@@ -54,7 +54,9 @@ class StandInEncoder:
         return np.stack([self.qv[int(t.split(":")[0][1:])] for t in texts])
 
 
-def build(folder: Path, n: int, dim: int, rng: np.random.Generator) -> tuple[np.ndarray, list[str]]:
+def build(folder: Path, n: int, dim: int, rng: np.random.Generator) -> tuple[np.ndarray, list[str], np.ndarray]:
+    """The synthetic index of n chunks (also scripts/bench_writes.py's); gives back 2,000 stored
+    vectors (queries are made from them), query words, and the centres the vectors were drawn around."""
     from semsearch.indexing import VectorSettings, finalize_vectors
     from semsearch.store.docstore import ChunkRow
     from semsearch.store.folder import IndexWriter
@@ -90,7 +92,7 @@ def build(folder: Path, n: int, dim: int, rng: np.random.Generator) -> tuple[np.
                       counts={"files": 10, "documents": n, "chunks": n}))
     print(f"  built {entry['type']} in {time.perf_counter() - t0:.0f} s", flush=True)
     qwords = [" ".join(vocab[x] for x in rng.zipf(1.3, size=4) % len(vocab)) for _ in range(len(sample))]
-    return sample, qwords
+    return sample, qwords, centres
 
 
 def timed(fn, reps: int) -> list[float]:
@@ -126,7 +128,7 @@ def main() -> None:
             z = np.load(meta, allow_pickle=True)
             sample, qwords = z["sample"], list(z["qwords"])
         else:
-            sample, qwords = build(folder, n, a.dim, rng)
+            sample, qwords, _ = build(folder, n, a.dim, rng)
             np.savez(meta, sample=sample, qwords=np.array(qwords, object))
         q = sample[: a.queries] + np.random.default_rng(1).normal(scale=0.02, size=(a.queries, a.dim)).astype(np.float32)
         q /= np.linalg.norm(q, axis=1, keepdims=True)

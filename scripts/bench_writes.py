@@ -179,43 +179,13 @@ def format_signature() -> str:
 
 
 def build(folder: Path, n: int, dim: int, rng: np.random.Generator) -> tuple[np.ndarray, list[str], np.ndarray]:
-    """The index of n synthetic chunks (as scripts/bench_filters.py builds it); gives back 2,000
-    stored vectors (queries are made from them), query words, and the centres."""
-    from semsearch.indexing import VectorSettings, finalize_vectors
-    from semsearch.store.docstore import ChunkRow
-    from semsearch.store.folder import IndexWriter
-    from semsearch.store.manifest import Manifest
+    """The index of n synthetic chunks, as scripts/bench_filters.py builds it (chunk windows of
+    WINDOW tokens); gives back 2,000 stored vectors (queries are made from them), query words, and
+    the centres."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_filters import build as build_synthetic
 
-    centres = rng.normal(size=(200, dim)).astype(np.float32)
-    w = IndexWriter(folder, dim)
-    files = [w.docs.add_file(str(folder / "src" / f"part{j}.jsonl"), "h", 1, 1, "now") for j in range(10)]
-    block = 50_000
-    sample = None
-    t0 = time.perf_counter()
-    for at in range(0, n, block):
-        m = min(block, n - at)
-        v = centres[rng.integers(0, 200, m)] + rng.normal(scale=0.6, size=(m, dim)).astype(np.float32)
-        v /= np.linalg.norm(v, axis=1, keepdims=True)
-        if sample is None:
-            sample = v[:2000].copy()
-        lens = rng.integers(8, 21, m)
-        ws = rng.zipf(1.3, size=int(lens.sum())) % len(VOCAB)
-        years = rng.integers(2000, 2025, m)
-        rows, o = [], 0
-        for i in range(m):
-            text = " ".join(VOCAB[x] for x in ws[o:o + lens[i]])
-            o += lens[i]
-            meta = {"year": int(years[i]), "lang": "de" if (at + i) % 100 == 0 else "en"}
-            rows.append(ChunkRow(files[(at + i) % 10], at + i + 1, 0, 0, len(text), None, text, meta))
-        w.vectors.add(w.docs.add_chunks(rows, v), v)
-        print(f"  {at + m:,} chunks written ({time.perf_counter() - t0:.0f} s)", flush=True)
-    entry = finalize_vectors(w, dim, VectorSettings(target_recall=0.95), None)
-    w.commit(Manifest(model="stand-in", model_fingerprint="standin01", backend="fake", pooling="mean", dim=dim,
-                      max_length=WINDOW + 2, precision="fp32", chunking={"window": WINDOW, "overlap": 0}, index=entry,
-                      counts={"files": 10, "documents": n, "chunks": n}))
-    print(f"  built {entry['type']} in {time.perf_counter() - t0:.0f} s", flush=True)
-    qwords = [words(rng, 4) for _ in range(len(sample))]
-    return sample, qwords, centres
+    return build_synthetic(folder, n, dim, rng)
 
 
 def ensure_index(root: Path, n: int, dim: int) -> tuple[Path, np.ndarray, list[str], np.ndarray]:

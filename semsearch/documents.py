@@ -183,26 +183,23 @@ def upsert_documents(folder: str | Path, docs: Iterable[Document], encoder, flus
 def _stored_hashes(folder: Path, base: Manifest, paths: list[str]) -> dict[str, str] | None:
     """The content hashes of these docstore paths in generation `base` (read-only), by path;
     None when that generation cannot be read any more (a newer one replaced it meanwhile)."""
-    from semsearch.store.files import DB_ERRORS, connect_readonly
-    from semsearch.store.segments import Tombstones
+    from semsearch.store.docstore import DocStore
+    from semsearch.store.files import DB_ERRORS
+    from semsearch.store.segments import Tombstones, live_files
 
     out: dict[str, str] = {}
     for e in base.segments:
         try:
-            db = connect_readonly(folder / e["docs"])
+            store = DocStore(folder / e["docs"], readonly=True)
         except (OSError, *DB_ERRORS):
             return None
         try:
-            dead = Tombstones.load(folder / e["deletes"]).files if e.get("deletes") else None
-            for at in range(0, len(paths), 500):
-                part = paths[at : at + 500]
-                for fid, path, h in db.execute(f"SELECT id, path, hash FROM files WHERE path IN ({','.join('?' * len(part))})", part):
-                    if dead is None or fid not in dead:
-                        out[path] = h
+            dead = Tombstones.load(folder / e["deletes"]) if e.get("deletes") else Tombstones()
+            out.update((path, f.hash) for path, f in live_files(store, dead, paths).items())
         except (*DB_ERRORS, IndexFormatError):
             return None
         finally:
-            db.close()
+            store.close()
     return out
 
 

@@ -369,6 +369,9 @@ def _nothing_to_do(folder: Path, base: Manifest, files, root: Path, encoder, vec
         return False
     if vs.target_recall != (base.index.get("recall") or {}).get("target", VectorSettings.target_recall):
         return False
+    from semsearch.store.lexical import has_terms
+    from semsearch.store.segments import Tombstones, live_files
+
     stored = {}
     for e in base.segments:
         try:
@@ -376,23 +379,13 @@ def _nothing_to_do(folder: Path, base: Manifest, files, root: Path, encoder, vec
         except sqlite3.Error:
             return False
         try:
-            if "lex" not in {r[1] for r in docs.db.execute("PRAGMA table_info(chunks)")}:
+            if not has_terms(docs.db):
                 return False
-            held = docs.files()
+            stored.update(live_files(docs, Tombstones.load(folder / e["deletes"]) if e.get("deletes") else Tombstones()))
         except sqlite3.Error:
             return False
         finally:
             docs.close()
-        if e.get("deletes"):
-            from semsearch.store.segments import Tombstones
-
-            dead = Tombstones.load(folder / e["deletes"])
-            gone = set(dead.files.tolist())
-            held = {k: f for k, f in held.items() if f.id not in gone}
-            for f in held.values():
-                if f.id in dead.stats:
-                    f.size, f.mtime_ns, f.ctime_ns, f.inode = dead.stats[f.id]
-        stored.update(held)
     seen = set()
     for f in files:
         old = stored.get(str(f.path))

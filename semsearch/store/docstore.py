@@ -11,7 +11,7 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 
 from semsearch.errors import IndexFormatError
-from semsearch.store.files import connect_readonly, remedy
+from semsearch.store.files import Memo, connect_readonly, remedy
 from semsearch.store import lexical
 
 SCHEMA = """
@@ -83,8 +83,7 @@ class DocStore:
         fsynced it: SQLite's own journal and syncs would only slow it down."""
         self.path = Path(path)
         self.readonly = readonly
-        self._memo: dict[Any, Any] = {}
-        self._memo_lock = threading.Lock()
+        self._memo = Memo()
         if readonly:
             # The first connection also keeps this generation readable after a writer publishes
             # the next one and removes these files: a thread that can no longer open the path
@@ -127,14 +126,7 @@ class DocStore:
     def memo(self, key: Any, build):
         """build() computed once per docstore (one generation: its data never change) and kept;
         for in-memory forms of its columns (metadata filters). Safe from many threads."""
-        try:
-            return self._memo[key]
-        except KeyError:
-            pass
-        with self._memo_lock:
-            if key not in self._memo:
-                self._memo[key] = build()
-            return self._memo[key]
+        return self._memo(key, build)
 
     def close(self) -> None:
         if not self.readonly:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 import sqlite3
 import urllib.parse
 from pathlib import Path
 
 from semsearch.errors import IndexFormatError
+from typing import Any
 
 DB_ERRORS = (sqlite3.Error, UnicodeDecodeError)  # a damaged TEXT value fails to decode
 DATA_FILE = re.compile(r"(docs|vectors)\.[0-9]{1,18}\.(sqlite|faiss)|del\.[0-9]{1,18}\.[0-9]{1,18}\.npz")
@@ -62,3 +64,22 @@ def manifest_stamp(folder: Path) -> tuple[int, int, int] | None:
     except OSError:
         return None
     return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+class Memo:
+    """Values computed once per key and kept (for what is derived from immutable data files);
+    safe from many threads: a key is built once however many ask at once."""
+
+    def __init__(self):
+        self._values: dict[Any, Any] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, key: Any, build):
+        try:
+            return self._values[key]
+        except KeyError:
+            pass
+        with self._lock:
+            if key not in self._values:
+                self._values[key] = build()
+            return self._values[key]

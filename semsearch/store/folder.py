@@ -12,7 +12,6 @@ import datetime as dt
 import fcntl
 import os
 import json
-import sqlite3
 
 import numpy as np
 from pathlib import Path
@@ -22,7 +21,8 @@ from semsearch.store import integrity, lexical
 from semsearch.store.files import DATA_FILE, DB_ERRORS, damaged, fsync_dir, fsync_file, manifest_stamp
 from semsearch.store.docstore import DocStore, StoredFile
 from semsearch.store.manifest import FORMAT_VERSION, MANIFEST, Manifest
-from semsearch.store.segments import SegmentedDocs, SegmentedVectors, Tombstones, live_counts, open_parts
+from semsearch.store.segments import (SegmentedDocs, SegmentedVectors, Tombstones, live_counts, live_files, open_parts,
+                                      segment_entry, select_sql)
 from semsearch.store.vectors import VectorIndex
 
 DEFAULT_INDEX = "indexes/default"
@@ -118,12 +118,7 @@ class WriteStore:
     def files(self) -> dict[str, StoredFile]:
         out: dict[str, StoredFile] = {}
         for b in self._live_base():
-            dead = set(b.dead.files.tolist())
-            for path, f in b.docs.files().items():
-                if f.id not in dead:
-                    if f.id in b.dead.stats:
-                        f.size, f.mtime_ns, f.ctime_ns, f.inode = b.dead.stats[f.id]
-                    out[path] = f
+            out.update(live_files(b.docs, b.dead))
         out.update(self.new.files())
         return out
 
@@ -131,20 +126,8 @@ class WriteStore:
         """{path: stored file} of the given paths that a live file has (an index lookup a segment)."""
         out: dict[str, StoredFile] = {}
         for b in self._live_base():
-            for at in range(0, len(paths), 500):
-                part = paths[at : at + 500]
-                for r in b.docs.db.execute("SELECT id, path, hash, size, mtime_ns, documents, ctime_ns, inode FROM files"
-                                           f" WHERE path IN ({','.join('?' * len(part))})", part):
-                    f = StoredFile(*r)
-                    if not (len(b.dead.files) and np.isin(f.id, b.dead.files)):
-                        if f.id in b.dead.stats:
-                            f.size, f.mtime_ns, f.ctime_ns, f.inode = b.dead.stats[f.id]
-                        out[f.path] = f
-        for at in range(0, len(paths), 500):
-            part = paths[at : at + 500]
-            for r in self.new.db.execute("SELECT id, path, hash, size, mtime_ns, documents, ctime_ns, inode FROM files"
-                                         f" WHERE path IN ({','.join('?' * len(part))})", part):
-                out[r[1]] = StoredFile(*r)
+            out.update(live_files(b.docs, b.dead, paths))
+        out.update(live_files(self.new, Tombstones(), paths))
         return out
 
     def _owner(self, file_id: int) -> _BaseSegment | None:
@@ -194,8 +177,7 @@ class WriteStore:
 
     def select(self, columns: str, where: str = "", params: tuple = ()):
         """(chunk id, *columns) of every live chunk (see SegmentedDocs.select)."""
-        sql = (f"SELECT c.id, {columns} FROM chunks c JOIN files f ON f.id = c.file_id"
-               + (f" WHERE {where}" if where else "") + " ORDER BY c.id")
+        sql = select_sql(columns, where)
         for b in self._live_base():
             dead = set(b.dead.chunks.tolist())
             for row in b.docs.db.execute(sql, params):
@@ -264,8 +246,7 @@ class IndexWriter:
         self.extra: list[dict] = []  # segments written elsewhere (engine workers), published with this write
         self._next_segment = self.seg_id + 1
         try:
-            if any(not b.entry.get("lexical") and "lex" not in {r[1] for r in b.docs.db.execute("PRAGMA table_info(chunks)")}
-                   for b in self.base_segments):
+            if any(not b.entry.get("lexical") and not lexical.has_terms(b.docs.db) for b in self.base_segments):
                 # A docstore from before lexical search: its chunks move to the new segment, which
                 # gets their lexical terms (once; nothing is re-encoded).
                 self.absorb()
@@ -381,18 +362,13 @@ class IndexWriter:
         if new_counts["chunks"] or new_counts["files"]:
             self.new_docs.write_lexical()
             self.new_docs.commit()
-            self.new_docs.close()
             self.vectors.save(self.folder / self.vectors_file)
             for name in (self.docs_file, self.vectors_file):
                 fsync_file(self.folder / name)
-            ids = np.array([r[0] for r in _chunk_ids(self.folder / self.docs_file)], np.int64)
-            tail.append({"id": self.seg_id, "docs": self.docs_file, "vectors": self.vectors_file, "deletes": None,
-                            "rows": new_counts["chunks"], "live": new_counts["chunks"], "files": new_counts["files"],
-                            "documents": new_counts["documents"],
-                            "min_id": int(ids.min()) if len(ids) else None, "max_id": int(ids.max()) if len(ids) else None,
-                            "index": {k: v for k, v in seg_index.items() if k not in ("forced", "requested")},
-                            "states": new_states, "lexical": True, "rolled": rolled,
-                            "integrity": integrity.record(self.folder, [self.docs_file, self.vectors_file], self.vectors)})
+            tail.append(segment_entry(self.folder, self.seg_id, self.new_docs, self.vectors,
+                                      {k: v for k, v in seg_index.items() if k not in ("forced", "requested")}, new_states,
+                                      rolled=rolled))
+            self.new_docs.close()
         else:
             self.new_docs.close()
         # Segments hold increasing id ranges in list order: the new ones sort by their first id.
@@ -467,14 +443,6 @@ class IndexWriter:
             if p.name in keep or not (_gen_of(p.name) or p.name == MANIFEST + ".tmp"):
                 continue
             p.unlink(missing_ok=True)
-
-
-def _chunk_ids(path: Path):
-    db = sqlite3.connect(path)
-    try:
-        return db.execute("SELECT id FROM chunks").fetchall()
-    finally:
-        db.close()
 
 
 def _seq(store: DocStore, table: str) -> int:

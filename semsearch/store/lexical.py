@@ -321,6 +321,11 @@ DTYPES = {"ids": np.int64, "lengths": np.float32, "vocab": np.int64, "indptr": n
 SCHEMA = "CREATE TABLE IF NOT EXISTS lexical (name TEXT PRIMARY KEY, data BLOB NOT NULL);"
 
 
+def has_terms(db: sqlite3.Connection) -> bool:
+    """Whether a docstore's chunks carry lexical terms (a docstore from before lexical search does not)."""
+    return "lex" in {r[1] for r in db.execute("PRAGMA table_info(chunks)")}
+
+
 def add_columns(db: sqlite3.Connection, missing_only: bool = False) -> bool:
     """Give an older docstore the chunk columns of the lexical index and fill them from the chunk
     texts; gives back True when it had to. `missing_only`: fill the rows that lack them."""

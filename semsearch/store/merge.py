@@ -24,10 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from semsearch.store import integrity
 from semsearch.store.docstore import DocStore
 from semsearch.store.files import fsync_file
-from semsearch.store.segments import Tombstones
+from semsearch.store.segments import Tombstones, segment_entry
 from semsearch.store.vectors import IVF_TYPES, VectorIndex, bytes_per_vector, choose_type, exact_knn, resolve_index_device, tune
 
 log = logging.getLogger(__name__)
@@ -152,16 +151,12 @@ def merge(folder: Path, group: list[dict], seg_id: int, dim: int, manifest) -> d
         vi, entry = build_vectors(store, dim, requested, counts["chunks"], target, params=index.get("params"))
         store.write_lexical()
         store.commit()
-        lo, hi = store.db.execute("SELECT MIN(id), MAX(id) FROM chunks").fetchone()
+        vi.save(folder / vectors_file)
+        for name in (docs_file, vectors_file):
+            fsync_file(folder / name)
+        return segment_entry(folder, seg_id, store, vi, entry, sorted(states))
     finally:
         store.close()
-    vi.save(folder / vectors_file)
-    for name in (docs_file, vectors_file):
-        fsync_file(folder / name)
-    return {"id": seg_id, "docs": docs_file, "vectors": vectors_file, "deletes": None, "rows": counts["chunks"],
-            "live": counts["chunks"], "files": counts["files"], "documents": counts["documents"], "min_id": lo, "max_id": hi,
-            "index": entry, "states": sorted(states), "lexical": True,
-            "integrity": integrity.record(folder, [docs_file, vectors_file], vi)}
 
 
 def segment_type(requested: str, n: int, dim: int, max_bytes_per_vector: int | None = None) -> str:

@@ -14,9 +14,10 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from semsearch.store import integrity, lexical
+from semsearch.store import lexical
 from semsearch.store.docstore import DocStore
 from semsearch.store.files import fsync_file
+from semsearch.store.segments import segment_entry
 from semsearch.store.vectors import VectorIndex
 
 
@@ -61,21 +62,17 @@ def write_segment(folder: Path, seg_id: int, dim: int, files: list[dict[str, Any
             vecs.append(np.asarray(v, np.float32))
         if ids:
             vi.add(np.array(ids, np.int64), np.stack(vecs))
-        counts = store.counts()
-        vi, index = build_vectors(store, dim, requested, counts["chunks"], target_recall, params=params, current=vi)
+        vi, index = build_vectors(store, dim, requested, store.counts()["chunks"], target_recall, params=params, current=vi)
         store.write_lexical()
         store.commit()
-        lo, hi = store.db.execute("SELECT MIN(id), MAX(id) FROM chunks").fetchone()
-    finally:
-        store.close()
         if states_fh is not None:
             states_fh.flush()
             os.fsync(states_fh.fileno())
+        vi.save(folder / vectors_file)
+        for name in (docs_file, vectors_file):
+            fsync_file(folder / name)
+        return segment_entry(folder, seg_id, store, vi, index, [states_name] if states_fh is not None else [])
+    finally:
+        store.close()
+        if states_fh is not None:
             states_fh.close()
-    vi.save(folder / vectors_file)
-    for name in (docs_file, vectors_file):
-        fsync_file(folder / name)
-    return {"id": seg_id, "docs": docs_file, "vectors": vectors_file, "deletes": None, "rows": counts["chunks"],
-            "live": counts["chunks"], "files": counts["files"], "documents": counts["documents"], "min_id": lo, "max_id": hi,
-            "index": index, "states": [states_name] if states_fh is not None else [], "lexical": True,
-            "integrity": integrity.record(folder, [docs_file, vectors_file], vi)}

@@ -23,9 +23,9 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 
 from semsearch.errors import IndexFormatError
-from semsearch.store import integrity
+from semsearch.store import integrity, lexical
 from semsearch.store.docstore import DocStore, StoredFile
-from semsearch.store.files import DB_ERRORS, damaged
+from semsearch.store.files import DB_ERRORS, Memo, damaged
 from semsearch.store.lexical import LexicalIndex, Postings
 from semsearch.store.vectors import VectorIndex
 
@@ -88,6 +88,49 @@ class Tombstones:
         out = Tombstones(np.union1d(self.chunks, chunks), np.union1d(self.files, [file_id]), self.stats)
         out.stats.pop(file_id, None)
         return out
+
+
+def live_files(store: DocStore, dead: Tombstones, paths: list[str] | None = None) -> dict[str, StoredFile]:
+    """{path: stored file} of a segment's docstore less the files its tombstones delete, with the
+    stat they record; only the given paths where `paths` is given (an index lookup each)."""
+    if paths is None:
+        held = list(store.files().values())
+    else:
+        held = []
+        for at in range(0, len(paths), 500):
+            part = paths[at : at + 500]
+            held += [StoredFile(*r) for r in store.db.execute(
+                "SELECT id, path, hash, size, mtime_ns, documents, ctime_ns, inode FROM files"
+                f" WHERE path IN ({','.join('?' * len(part))})", part)]
+    gone = set(dead.files.tolist())
+    out: dict[str, StoredFile] = {}
+    for f in held:
+        if f.id in gone:
+            continue
+        if f.id in dead.stats:
+            f.size, f.mtime_ns, f.ctime_ns, f.inode = dead.stats[f.id]
+        out[f.path] = f
+    return out
+
+
+def select_sql(columns: str, where: str = "") -> str:
+    """(chunk id, *columns) of a docstore's chunks in id order: `columns` and `where` are SQL over
+    `chunks c JOIN files f ON f.id = c.file_id`."""
+    return (f"SELECT c.id, {columns} FROM chunks c JOIN files f ON f.id = c.file_id"
+            + (f" WHERE {where}" if where else "") + " ORDER BY c.id")
+
+
+def segment_entry(folder: Path, seg_id: int, store: DocStore, vectors, index: dict[str, Any], states: list[str],
+                  **extra) -> dict[str, Any]:
+    """The manifest entry of a freshly written segment (its docstore still open; its data files
+    saved and fsynced): counts, id range, vector index entry, kept-state files, integrity records."""
+    counts = store.counts()
+    lo, hi = store.db.execute("SELECT MIN(id), MAX(id) FROM chunks").fetchone()
+    docs_file, vectors_file = f"docs.{seg_id}.sqlite", f"vectors.{seg_id}.faiss"
+    return {"id": seg_id, "docs": docs_file, "vectors": vectors_file, "deletes": None, "rows": counts["chunks"],
+            "live": counts["chunks"], "files": counts["files"], "documents": counts["documents"], "min_id": lo, "max_id": hi,
+            "index": index, "states": states, "lexical": True, **extra,
+            "integrity": integrity.record(folder, [docs_file, vectors_file], vectors)}
 
 
 # ---- one segment, opened once -------------------------------------------------------------------
@@ -254,19 +297,11 @@ class SegmentedDocs:
     def __init__(self, folder: Path, parts: list[Part], counts: dict[str, int]):
         self.folder, self.parts = Path(folder), parts
         self._counts = dict(counts)
-        self._memo: dict[Any, Any] = {}
-        self._memo_lock = threading.Lock()
+        self._memo = Memo()
         self.path = self.folder  # for messages
 
     def memo(self, key: Any, build):
-        try:
-            return self._memo[key]
-        except KeyError:
-            pass
-        with self._memo_lock:
-            if key not in self._memo:
-                self._memo[key] = build()
-            return self._memo[key]
+        return self._memo(key, build)
 
     def segments(self) -> dict:
         """{Segment.key: Segment} and {("deletes", file): Tombstones} of this generation, for the
@@ -346,8 +381,7 @@ class SegmentedDocs:
     def select(self, columns: str, where: str = "", params: tuple = ()) -> Iterator[tuple]:
         """(chunk id, *columns) of every live chunk, in id order: `columns` and `where` are SQL
         over `chunks c JOIN files f ON f.id = c.file_id`."""
-        sql = (f"SELECT c.id, {columns} FROM chunks c JOIN files f ON f.id = c.file_id"
-               + (f" WHERE {where}" if where else "") + " ORDER BY c.id")
+        sql = select_sql(columns, where)
         for p in self.parts:
             dead = set(p.dead.chunks.tolist()) if len(p.dead.chunks) else None
             try:
@@ -360,32 +394,7 @@ class SegmentedDocs:
     def files(self) -> dict[str, StoredFile]:
         out: dict[str, StoredFile] = {}
         for p in self.parts:
-            dead = set(p.dead.files.tolist())
-            for path, f in p.segment.docs.files().items():
-                if f.id in dead:
-                    continue
-                if f.id in p.dead.stats:
-                    f.size, f.mtime_ns, f.ctime_ns, f.inode = p.dead.stats[f.id]
-                out[path] = f
-        return out
-
-    def find_files(self, paths: list[str]) -> dict[str, tuple[Part, StoredFile]]:
-        """{path: (part, stored file)} of the given paths that a live file has."""
-        out: dict[str, tuple[Part, StoredFile]] = {}
-        for p in self.parts:
-            dead = p.dead.files
-            for at in range(0, len(paths), 500):
-                part = paths[at : at + 500]
-                rows = p.segment.docs.db.execute(
-                    "SELECT id, path, hash, size, mtime_ns, documents, ctime_ns, inode FROM files"
-                    f" WHERE path IN ({','.join('?' * len(part))})", part).fetchall()
-                for r in rows:
-                    f = StoredFile(*r)
-                    if len(dead) and f.id in set(dead.tolist()):
-                        continue
-                    if f.id in p.dead.stats:
-                        f.size, f.mtime_ns, f.ctime_ns, f.inode = p.dead.stats[f.id]
-                    out[f.path] = (p, f)
+            out.update(live_files(p.segment.docs, p.dead))
         return out
 
     def files_matching(self, globs: list[str]) -> np.ndarray:
@@ -597,8 +606,7 @@ def read_rows(folder: Path, manifest, columns: str, where: str = "", params: tup
     are SQL over `chunks c JOIN files f ON f.id = c.file_id`."""
     from semsearch.store.files import connect_readonly
 
-    sql = (f"SELECT c.id, {columns} FROM chunks c JOIN files f ON f.id = c.file_id"
-           + (f" WHERE {where}" if where else "") + " ORDER BY c.id")
+    sql = select_sql(columns, where)
     for e in manifest.segments:
         integrity.check_segment_files(folder, e)
         dead = set(Tombstones.load(Path(folder) / e["deletes"]).chunks.tolist()) if e.get("deletes") else set()
@@ -620,7 +628,7 @@ def has_lexical(folder: Path, manifest) -> bool:
     for e in manifest.segments:
         db = connect_readonly(Path(folder) / e["docs"])
         try:
-            if "lex" not in {r[1] for r in db.execute("PRAGMA table_info(chunks)")}:
+            if not lexical.has_terms(db):
                 return False
         finally:
             db.close()
