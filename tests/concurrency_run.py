@@ -3,6 +3,8 @@ interleaved, against one index; report what went wrong as JSON on stdout.
 
     python tests/concurrency_run.py INDEX_FOLDER SURFACE [SURFACE ...]
 
+The writer also merges the index's segments (semsearch compact) every few rounds.
+
 Surfaces: retriever, asyncio, explain (Retriever.search with explain=True), http, langchain, llamaindex, haystack. tests/test_concurrency.py
 runs this in a child process with a time limit, because a deadlock inside SQLite can hold the
 interpreter's lock: a test in the same process could then not even notice that it hangs.
@@ -225,13 +227,23 @@ def writer(folder, stop: threading.Event, checker: Checker, counts: dict) -> Non
                         return
                     counts["writes"] += 1
         return
+    from semsearch.store.folder import compact
+
     enc = Encoder(device="cpu")
+    rounds = 0
     while not stop.is_set():
         try:
             upsert_documents(folder, [Document(EXTRA_ID, EXTRA_TEXT, {"year": 2015, "lang": "de"})], enc)
             counts["writes"] += 1
+            if rounds % 3 == 1:  # merges under readers too: the segments change, the live chunks do not
+                compact(folder)
+                counts["writes"] += 1
             delete_documents(folder, [EXTRA_ID])
             counts["writes"] += 1
+            if rounds % 3 == 2:
+                compact(folder)
+                counts["writes"] += 1
+            rounds += 1
         except Exception as e:  # noqa: BLE001 - reported
             checker.error("writer", None, e)
             return
