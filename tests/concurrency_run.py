@@ -249,6 +249,22 @@ def writer(folder, stop: threading.Event, checker: Checker, counts: dict) -> Non
             return
 
 
+def watch_ast(checker: Checker) -> None:
+    """Report each AST built outside the main thread from now on (ast.parse, ast.literal_eval,
+    numpy's .npy header reader): on CPython 3.11 two threads building one at once can fail with
+    SystemError (python/cpython#106905), so no search or write path may build one. The audit
+    event fires on every such call, so this catches the path however rarely the race itself hits."""
+    main = threading.main_thread()
+
+    def hook(event, args):
+        if event == "compile" and args[1] == "<unknown>" and threading.current_thread() is not main:
+            # list.append, no lock: Checker.error holds its lock while formatting a traceback,
+            # which itself parses source lines on 3.11.
+            checker.problems.append("an AST was built in a worker thread:\n" + "".join(traceback.format_stack(limit=8)))
+
+    sys.addaudithook(hook)
+
+
 def main() -> None:
     folder = Path(sys.argv[1])
     surfaces = sys.argv[2:]
@@ -291,6 +307,7 @@ def main() -> None:
                 checker.add_ref(s, c, run(c))
     write(False)
 
+    watch_ast(checker)
     stop = threading.Event()
     counts = {"writes": 0}
     w = threading.Thread(target=writer, args=(folder, stop, checker, counts), daemon=True)

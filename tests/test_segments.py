@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import REPO
 from semsearch.documents import Document, create_index, delete_documents, upsert_documents
 from semsearch.indexing import index_corpus
 from semsearch.search import Retriever
@@ -329,3 +330,36 @@ def test_a_killed_long_run_resumes_from_its_last_segment(tmp_path, fake_encoder)
     assert len(Manifest.load(folder).segments) == 1
     assert_same_index(tmp_path / "once", folder)
     assert not verify(folder)
+
+
+def test_tombstones_round_trip_detect_damage_and_build_no_ast(tmp_path):
+    """Readers load tombstones from many threads; numpy's .npy reader builds an AST for each header
+    (ast.literal_eval), which can fail with SystemError when two threads do it at once on CPython
+    3.11. The file is read without one, and a damaged file is named, not misread."""
+    from semsearch.errors import IndexFormatError
+    from semsearch.store.segments import Tombstones
+
+    path = tmp_path / "del.3.7.bin"
+    t = Tombstones(np.array([9, 4, 4, 7]), np.array([2]), {5: (10, 11, 12, 13)})
+    t.save(path)
+    back = Tombstones.load(path)
+    assert back.chunks.tolist() == [4, 7, 9] and back.files.tolist() == [2] and back.stats == {5: (10, 11, 12, 13)}
+    Tombstones().save(tmp_path / "empty.bin")
+    assert not Tombstones.load(tmp_path / "empty.bin")
+
+    code = textwrap.dedent(f"""
+        import sys
+        from semsearch.store.segments import Tombstones
+        built = []
+        sys.addaudithook(lambda ev, args: built.append(args[1]) if ev == "compile" else None)
+        Tombstones.load(__import__("pathlib").Path({str(path)!r}))
+        assert not built, built
+    """)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert p.returncode == 0, p.stderr
+
+    raw = path.read_bytes()
+    for name, data in [("flipped", raw[:40] + bytes([raw[40] ^ 1]) + raw[41:]), ("short", raw[:-3]), ("other", b"PK\x03\x04" + raw[4:])]:
+        (tmp_path / name).write_bytes(data)
+        with pytest.raises(IndexFormatError, match=name):
+            Tombstones.load(tmp_path / name)

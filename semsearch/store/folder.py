@@ -1,5 +1,5 @@
 """The index folder: manifest.json naming immutable segments (docs.<s>.sqlite + vectors.<s>.faiss,
-with tombstones del.<s>.<g>.npz), written atomically.
+with tombstones del.<s>.<g>.bin), written atomically.
 
 Each write adds a new segment and the changed tombstones beside the published files (and may
 merge segments) and publishes them by replacing manifest.json in one rename; until then readers
@@ -347,7 +347,7 @@ class IndexWriter:
             if b.changed:
                 if e["live"] <= 0 and e["files"] <= 0:
                     continue  # everything in it is deleted: the segment goes
-                name = f"del.{e['id']}.{self.gen}.npz"
+                name = f"del.{e['id']}.{self.gen}.bin"
                 b.dead.save(self.folder / name)
                 fsync_file(self.folder / name)
                 written.append(name)
@@ -451,7 +451,7 @@ def _seq(store: DocStore, table: str) -> int:
 
 
 def _gen_of(name: str) -> int:
-    """The largest number in a data file name such as docs.3.sqlite or del.3.7.npz (0 if not one)."""
+    """The largest number in a data file name such as docs.3.sqlite or del.3.7.bin (0 if not one)."""
     if not DATA_FILE.fullmatch(name):
         return 0
     return max(int(x) for x in name.split(".")[1:] if x.isdigit())

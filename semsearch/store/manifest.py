@@ -1,7 +1,7 @@
 """The manifest: everything needed to query an index folder correctly, as JSON.
 
 Format 2: the index is an ordered list of immutable segments (each a docstore `docs.<s>.sqlite`
-and a vector index `vectors.<s>.faiss`, with an optional tombstone file `del.<s>.<g>.npz` naming
+and a vector index `vectors.<s>.faiss`, with an optional tombstone file `del.<s>.<g>.bin` naming
 the chunks and files deleted from it since). Segments hold disjoint, increasing ranges of chunk
 ids, in list order. Format 1 (one docstore and one vector index) reads as one segment.
 """

@@ -3,7 +3,7 @@ chunks and files deleted from it since it was written.
 
 A segment is a docstore (`docs.<s>.sqlite`: files, chunks, texts, metadata, vectors, lexical
 postings) and its own vector index (`vectors.<s>.faiss`); it is never rewritten. A write adds a
-small segment and records deletions in tombstone files (`del.<s>.<g>.npz`: the deleted chunk ids
+small segment and records deletions in tombstone files (`del.<s>.<g>.bin`: the deleted chunk ids
 and file ids of segment s as of generation g, plus the new stat of files whose bytes did not
 change); merges (semsearch/store/merge.py) replace adjacent segments by one without their deleted
 chunks. Segments hold disjoint chunk-id ranges, increasing along the list, so the concatenation
@@ -17,6 +17,7 @@ with statistics over every live chunk (semsearch/store/lexical.py), filters over
 from __future__ import annotations
 
 import threading
+import zlib
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
@@ -67,21 +68,40 @@ class Tombstones:
     def __bool__(self) -> bool:
         return bool(len(self.chunks) or len(self.files) or self.stats)
 
+    # The file: MAGIC, three little-endian int64 counts (chunk ids, file ids, stat rows), the int64
+    # values, then the CRC-32 of all that. Written by hand rather than with np.save/np.savez:
+    # numpy reads an .npy header with ast.literal_eval, and on CPython 3.11 two threads building
+    # an AST at once can fail with "SystemError: AST constructor recursion depth mismatch"
+    # (python/cpython#106905): readers load tombstones from many threads.
+    MAGIC = b"SSDEL\x00\x01\x00"
+
     @classmethod
     def load(cls, path: Path) -> "Tombstones":
         try:
-            with np.load(path, allow_pickle=False) as z:
-                chunks, files, stats = z["chunks"].astype(np.int64), z["files"].astype(np.int64), z["stats"].astype(np.int64)
-        except (OSError, ValueError, KeyError, EOFError) as e:
-            raise damaged(path.parent, path.name, f"damaged ({e})") from e
-        if stats.ndim != 2 or stats.shape[1] != 5:
-            raise damaged(path.parent, path.name, "damaged (stats)")
+            raw = path.read_bytes()
+        except OSError as e:
+            raise damaged(path.parent, path.name, f"unreadable ({e})") from e
+        head = len(cls.MAGIC) + 24
+        if len(raw) < head + 4 or raw[: len(cls.MAGIC)] != cls.MAGIC:
+            raise damaged(path.parent, path.name, "damaged (not a tombstone file)")
+        n_chunks, n_files, n_stats = (int(x) for x in np.frombuffer(raw, "<i8", 3, len(cls.MAGIC)))
+        size = head + 8 * (n_chunks + n_files + 5 * n_stats)
+        if min(n_chunks, n_files, n_stats) < 0 or len(raw) != size + 4:
+            raise damaged(path.parent, path.name, "damaged (truncated)")
+        if zlib.crc32(raw[:size]) != int.from_bytes(raw[size:], "little"):
+            raise damaged(path.parent, path.name, "damaged (checksum)")
+        values = np.frombuffer(raw, "<i8", size // 8 - head // 8, head).astype(np.int64)
+        chunks, files = values[:n_chunks], values[n_chunks : n_chunks + n_files]
+        stats = values[n_chunks + n_files :].reshape(-1, 5)
         return cls(chunks, files, {int(r[0]): tuple(int(x) for x in r[1:]) for r in stats})
 
     def save(self, path: Path) -> None:
         stats = np.array([[f, *s] for f, s in sorted(self.stats.items())], np.int64).reshape(-1, 5)
+        chunks, files = np.unique(self.chunks), np.unique(self.files)
+        body = (self.MAGIC + np.array([len(chunks), len(files), len(stats)], "<i8").tobytes()
+                + np.concatenate([chunks, files, stats.ravel()]).astype("<i8").tobytes())
         with open(path, "wb") as fh:
-            np.savez(fh, chunks=np.unique(self.chunks), files=np.unique(self.files), stats=stats)
+            fh.write(body + zlib.crc32(body).to_bytes(4, "little"))
             fh.flush()
 
     def with_deleted(self, chunks: np.ndarray, file_id: int) -> "Tombstones":
