@@ -10,7 +10,8 @@ Steps (each timed):
 (2) `semsearch train --index` on the train split (the test split is never read): the documents'
     vectors come from the index, so only the queries are encoded;
 (3) evaluate the base model against the trained query layers on test, exact search over the
-    index's vectors of each document's first chunk: overall, on the test queries whose relevant
+    index's vectors of each document's first chunk, dense and hybrid (BM25 over each document's
+    text, fused as `semsearch query` fuses): overall, on the test queries whose relevant
     documents were never positives of the train split ("unseen"), and on the rest;
 (4) `semsearch index --head` on the index: records the head; no document is re-encoded.
 With `-- --train-layers 0` (a pooling head), step 1 keeps token states and step 3 re-pools them.
@@ -108,24 +109,32 @@ def main() -> None:
     if saved:
         ids = unseen_document_queries(head, test.qrels)
         unseen_head = {q: test.qrels[q] for q in ids} if ids is not None else None
+    from semsearch.eval import hybrid_run
+    from semsearch.fusion import ALPHA
+    from semsearch.store.lexical import LexicalIndex
+
+    lex = LexicalIndex.from_texts(test.doc_texts)
     rows = []
-    for name, (qv, dv) in vectors.items():
-        s, i = exact_search(qv, dv, 100)
-        run = to_run(test.query_ids, test.doc_ids, s, i)
-        mt = trec_metrics(test.qrels, run, [10, 100])
-        row = {"queries": name, "ndcg@10": round(mt["ndcg@10"], 2), "recall@100": round(mt["recall@100"], 2),
-               f"ndcg@10 unseen docs ({len(unseen)} q)": round(trec_metrics(unseen, run, [10])["ndcg@10"], 2),
-               f"ndcg@10 seen docs ({len(seen)} q)": round(trec_metrics(seen, run, [10])["ndcg@10"], 2)}
-        if unseen_head is not None:
-            row[f"ndcg@10 docs the head never trained on ({len(unseen_head)} q)"] = round(trec_metrics(unseen_head, run, [10])["ndcg@10"], 2)
-        rows.append(row)
+    for mode in ("dense", "hybrid"):
+        for name, (qv, dv) in vectors.items():
+            s, i = exact_search(qv, dv, 100)
+            run = to_run(test.query_ids, test.doc_ids, s, i)
+            if mode == "hybrid":  # BM25 over the documents' whole text, fused as `semsearch query` fuses
+                run = hybrid_run(test, qv, dv, s, i, lex, 100, "convex", ALPHA)
+            mt = trec_metrics(test.qrels, run, [10, 100])
+            row = {"mode": mode, "queries": name, "ndcg@10": round(mt["ndcg@10"], 2), "recall@100": round(mt["recall@100"], 2),
+                   f"ndcg@10 unseen docs ({len(unseen)} q)": round(trec_metrics(unseen, run, [10])["ndcg@10"], 2),
+                   f"ndcg@10 seen docs ({len(seen)} q)": round(trec_metrics(seen, run, [10])["ndcg@10"], 2)}
+            if unseen_head is not None:
+                row[f"ndcg@10 docs the head never trained on ({len(unseen_head)} q)"] = round(trec_metrics(unseen_head, run, [10])["ndcg@10"], 2)
+            rows.append(row)
     t_eval = time.perf_counter() - t
     t_head = None
     if saved:
         t_head, _ = sh("index", str(work / "corpus"), "--index", str(index), "--head", str(head), "--no-progress", *prec)
     cfg = json.loads((head / "head.json").read_text()) if saved else None
     lines = [f"SciFact: trained on `train` ({' '.join(args.train_args) or 'default options'}), evaluated on `test` "
-             f"(exact search over the index's first-chunk vectors, {m.precision})", "", format_table(rows), ""]
+             f"(exact search over the index's first-chunk vectors, {m.precision}; hybrid: + BM25, convex, alpha {ALPHA})", "", format_table(rows), ""]
     if cfg:
         met = cfg["metrics"]
         lines.append("dev (train queries on held-out documents): " + json.dumps({k: v for k, v in met.items() if k not in ("history",)}))

@@ -204,6 +204,7 @@ def train(
     projection: str = "none",
     dev_fraction: float = 0.2,
     seed: int = 0,
+    mode: str = "hybrid",
     cache: str | os.PathLike | None = "indexes/.cache",
     force: bool = False,
     device: str = "auto",
@@ -216,7 +217,9 @@ def train(
     queries), and save the result to the folder `out`. `train_layers` > 0 trains the top layers of
     the query encoder (documents keep their vectors); 0 trains an attention-pooling head on cached
     token states. The dev set holds queries on documents training never saw; a result that does
-    not beat the base model there raises NotImproved and saves nothing, unless `force`.
+    not beat the base model there raises NotImproved and saves nothing, unless `force`. `mode`
+    (query layers): the search mode trained for and judged on the dev set, "hybrid" (the default
+    search) or "dense".
 
     >>> rep = semsearch.train("heads/doc-example", beir="data/tiny-beir", epochs=1,
     ...                       dev_fraction=0.5, force=True, progress=False)
@@ -234,7 +237,11 @@ def train(
                 model=model, batch_size=batch_size, positives_per_query=positives_per_query, scale=scale,
                 dev_fraction=dev_fraction, seed=seed, cache=cache, device=device, precision=precision, progress=progress, log=log)
     if train_layers > 0:
-        res, info = _train_query_layers(out, train_layers, pseudo_queries, epochs, patience, lr, weight_decay, force, **args)
+        from semsearch.fusion import check_mode
+
+        if check_mode(mode) == "lexical":
+            raise InputError("--mode lexical: BM25 has nothing to train; give hybrid or dense")
+        res, info = _train_query_layers(out, train_layers, pseudo_queries, epochs, patience, lr, weight_decay, force, mode, **args)
         kind = "query-layers"
     else:
         res, info = _train_pooling_head(out, pseudo_queries, epochs, patience, lr, weight_decay, hard_negatives, neg_skip,
@@ -311,7 +318,7 @@ def _train_pooling_head(out, pseudo_queries, epochs, patience, lr, weight_decay,
     return res, info
 
 
-def _train_query_layers(out, layers, pseudo_queries, epochs, patience, lr, weight_decay, force, *, beir, split, dev_split,
+def _train_query_layers(out, layers, pseudo_queries, epochs, patience, lr, weight_decay, force, mode, *, beir, split, dev_split,
                         pairs, index, model, batch_size, positives_per_query, scale, dev_fraction, seed, cache, device,
                         precision, progress, log):
     """See semsearch/training/query_tower.py."""
@@ -328,7 +335,7 @@ def _train_query_layers(out, layers, pseudo_queries, epochs, patience, lr, weigh
         raise InputError("give --beir DATASET or --pairs FILE, or --index DIR (with pseudo-queries) to train on the corpus alone")
     cfg = qt.TowerConfig(layers=layers, epochs=epochs or 3, patience=patience or 3, batch_size=batch_size,
                          lr=lr if lr is not None else 2e-5, weight_decay=0.01 if weight_decay is None else weight_decay, scale=scale,
-                         positives_per_query=positives_per_query, pseudo_queries=pseudo_queries, seed=seed)
+                         positives_per_query=positives_per_query, pseudo_queries=pseudo_queries, seed=seed, mode=mode)
     enc = Encoder(model, device=device, precision=precision)
     if enc.backend != "native":
         raise InputError("--train-layers needs a BERT-family model on the native encoder; use --train-layers 0 for this model")
@@ -354,7 +361,7 @@ def _train_query_layers(out, layers, pseudo_queries, epochs, patience, lr, weigh
     if sp.note:
         log(f"note: {sp.note}")
     res = qt.train_query_tower(data, enc, pvec, cfg, sp, progress, pseudo=n_pseudo)
-    _gate(res, force, log, "the trained query layers", "the base model", "they were", "them")
+    _gate(res, force, log, "the trained query layers", f"the base model ({mode})", "they were", "them")
     info = qt.save_tower(res.tower, out, {
         "base_model": enc.name, "base_model_fingerprint": enc.fingerprint, "max_length": enc.max_length, "doc_pooling": enc.pooling,
         "training_data": data.source, "training_data_checksum": data.checksum, "hyperparameters": qt.config_dict(cfg),

@@ -364,6 +364,9 @@ def eval_(dataset, split, pooling, heads, model, ks, index, pairs, pair_columns,
 @click.option("--dev-fraction", type=click.FloatRange(0.0, 0.9), default=0.2, show_default=True,
               help="Training queries held out, as whole groups on held-out documents, to pick the best epoch and gate the head. 0: none (then only --force saves).")
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--mode", type=click.Choice(["hybrid", "dense"]), default="hybrid", show_default=True,
+              help="Query layers: the search mode to train for and to judge on the dev set. hybrid (the default "
+                   "search) adds BM25's part of the fused score to the loss, so the layers learn what BM25 misses.")
 @click.option("--cache", type=click.Path(file_okay=False, path_type=Path), default=Path("indexes/.cache"), show_default=True,
               help="Where token states are cached, so a second run does not encode again.")
 @click.option("--force", is_flag=True, help="Save the best trained epoch's head even if it does not beat mean pooling on the dev set.")
@@ -372,7 +375,8 @@ def eval_(dataset, split, pooling, heads, model, ks, index, pairs, pair_columns,
 @click.option("--progress/--no-progress", default=None, help="Progress bar. Default: shown on a terminal.")
 @handle_errors
 def train(beir, split, dev_split, pairs, index, train_layers, pseudo_queries, out, model, epochs, patience, batch_size, positives_per_query, lr,
-          weight_decay, scale, hard_negatives, neg_skip, neg_depth, symmetric, projection, dev_fraction, seed, cache, force, device, precision, progress):
+          weight_decay, scale, hard_negatives, neg_skip, neg_depth, symmetric, projection, dev_fraction, seed, mode, cache, force, device,
+          precision, progress):
     """Fine-tune contrastively on (query, relevant passage) pairs.
 
     By default (--train-layers 2) the top two layers of the *query* encoder are trained so that
@@ -397,7 +401,7 @@ def train(beir, split, dev_split, pairs, index, train_layers, pseudo_queries, ou
                     pseudo_queries=pseudo_queries, model=model, epochs=epochs, patience=patience, batch_size=batch_size,
                     positives_per_query=positives_per_query, lr=lr, weight_decay=weight_decay, scale=scale,
                     hard_negatives=hard_negatives, neg_skip=neg_skip, neg_depth=neg_depth, symmetric=symmetric,
-                    projection=projection, dev_fraction=dev_fraction, seed=seed, cache=cache, force=force, device=device,
+                    projection=projection, dev_fraction=dev_fraction, seed=seed, mode=mode, cache=cache, force=force, device=device,
                     precision=precision, progress=progress, log=lambda line: click.echo(line, err=True))
     click.echo(rep.verdict)
     if rep.kind == "pooling":

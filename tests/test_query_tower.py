@@ -69,6 +69,11 @@ def test_train_record_and_query_with_trained_query_layers(tmp_path):
     cfg = json.loads((head / "head.json").read_text())
     assert cfg["kind"] == "query-layers" and cfg["layers"] == 1 and cfg["first_layer"] == 5 and cfg["doc_pooling"] == "mean"
     assert cfg["metrics"]["pseudo_queries"] == 32 and cfg["metrics"]["dev_split"] == "documents"
+    # trained and judged for hybrid search by default, dense figures beside
+    met = cfg["metrics"]
+    assert cfg["hyperparameters"]["mode"] == "hybrid" and met["mode"] == "hybrid" and "trained query layers, hybrid" in r.output
+    assert {"dev_ndcg@10_base", "dense_dev_ndcg@10_base", "dense_dev_ndcg@10_head"} <= set(met)
+    assert set(met["dev_ndcg@10_by_alpha"]) == {"0.3", "0.4", "0.5", "0.6", "0.7", "0.8"}
     # the corpus it was trained on: the index's 32 documents
     assert cfg["corpus"]["documents"] == 32 and len(cfg["corpus"]["sketch"]) == 32
     # the head folder lists the labelled positives it trained on, never the dev documents
@@ -236,3 +241,56 @@ def test_a_pooling_head_records_its_corpus_too(tmp_path):
     assert check_head_corpus(tmp_path / "h", [document_key(i, "") for i in data.passage_ids]) == 1.0
     with pytest.raises(HeadCorpusMismatch, match="pooling head .* was trained on another corpus"):
         check_head_corpus(tmp_path / "h", [document_key(None, "some other text")])
+
+
+def test_the_hybrid_loss_ranks_as_hybrid_search_fuses(real_encoder):
+    """The training logits with BM25's fixed part added are an increasing affine map of the fused
+    score `semsearch query` ranks by (semsearch/fusion.py) for the base model, query by query; the
+    dev gate's hybrid nDCG@10 is that ranking's."""
+    from conftest import REPO
+    from semsearch import fusion
+    from semsearch.eval import trec_metrics
+    from semsearch.training.data import from_beir
+    from semsearch.training.query_tower import _LexicalBias, hybrid_ndcg10
+
+    passages = from_beir(REPO / "data" / "tiny-beir", "train").passages  # topic k: passages 2k and 2k + 1
+    words = ["loan", "soup", "comet", "tomato", "train", "sleep", "index", "mortgage", "fraud", "bread", "orbit", "garden",
+             "violin", "glacier", "tax", "volcano"]
+    queries = [f"{w} questions" for w in words] + [f"{a} or {b} number 1" for a, b in zip(words, words[3:])]
+    positives = {q: {2 * (q % 16), 2 * (q % 16) + 1} for q in range(len(queries))}
+    pv, qv = real_encoder.encode(passages), real_encoder.encode(queries)
+    assert len(passages) < fusion.DEPTH  # every passage is a candidate of every query
+    scale, alpha = 20.0, 0.5
+    bias = _LexicalBias(passages, queries, scale, alpha)
+    bias.set_ranges(qv, pv)
+    rows = bias.rows(list(range(len(queries))), None, len(passages)).numpy()
+    some = bias.rows([0, 20], np.array([5, 0, 31, 2]), len(passages)).numpy()  # sampled columns: the same values
+    assert np.allclose(some, rows[[0, 20]][:, [5, 0, 31, 2]]) and some.any()
+    checked = 0
+    run = {}
+    for q, text in enumerate(queries):
+        cos = pv @ qv[q]
+        acc = bias.lex.score_all(text)
+        fused = fusion.fuse(cos, acc, "convex", alpha)
+        run[str(q)] = {str(int(j)): float(fused[j]) for j in fusion.top(np.arange(len(cos)), fused, 10)}
+        logits = scale * cos + rows[q]
+        mapped = (logits - scale * cos.min()) * alpha / (scale * (cos.max() - cos.min()))
+        np.testing.assert_allclose(mapped, fused, atol=1e-5)
+        checked += 1
+    assert checked == len(queries)
+    want = trec_metrics({str(q): {str(p): 1 for p in positives[q]} for q in range(len(queries))}, run, [10])["ndcg@10"]
+    got = hybrid_ndcg10(qv, pv, list(range(len(queries))), queries, bias.lex, positives, alpha)
+    assert got == pytest.approx(want) and 0 < got < 100
+
+
+def test_dense_mode_trains_and_judges_the_dense_ranking_and_lexical_is_refused(tmp_path):
+    ds = write_beir(tmp_path / "ds")
+    common = ["--beir", str(ds), "--train-layers", "1", "--epochs", "1", "--batch-size", "8", "--precision", "fp32",
+              "--no-progress", "--force", "--cache", str(tmp_path / "c")]
+    r = CliRunner().invoke(main, ["train", "--out", str(tmp_path / "h"), "--mode", "dense", *common])
+    assert r.exit_code == 0, r.output
+    met = json.loads((tmp_path / "h" / "head.json").read_text())["metrics"]
+    assert met["mode"] == "dense" and "dev_ndcg@10_base" in met
+    assert not any(k.startswith("dense_") for k in met) and "dev_ndcg@10_by_alpha" not in met
+    r = CliRunner().invoke(main, ["train", "--out", str(tmp_path / "h2"), "--mode", "lexical", *common])
+    assert r.exit_code == 2 and "--mode" in r.output and not (tmp_path / "h2").exists()
