@@ -138,7 +138,14 @@ def evaluate(
         try:
             # An index is evaluated as built in every mode it offers, unless modes are named.
             every = ["dense", "lexical", "hybrid"] if r.default_mode == "hybrid" else ["dense"]
-            return ev.evaluate_index(data, r, cutoffs, modes=list(modes or every), fusion=fusion, alpha=alpha).to_dict()
+            subsets = None
+            if r.manifest.head and Path(r.manifest.head["path"]).is_dir():  # rows for the documents it never trained on
+                from semsearch.encoder.heads import unseen_document_queries
+
+                unseen = unseen_document_queries(r.manifest.head["path"], data.qrels)
+                subsets = {"unseen documents": unseen} if unseen is not None else None
+            return ev.evaluate_index(data, r, cutoffs, modes=list(modes or every), fusion=fusion, alpha=alpha,
+                                     subsets=subsets).to_dict()
         finally:
             r.close()
     enc = encoder_for_index(None, model, None, Path(head) if head is not None else None, device, precision, max_length)

@@ -386,8 +386,13 @@ def train(beir, split, dev_split, pairs, index, train_layers, pseudo_queries, ou
     unlabelled query for it (--no-pseudo-queries: labels only). With --train-layers 0, an
     attention-pooling head is trained for both sides on cached token states instead.
 
-    Queries on held-out *documents* are the dev set: the best check on them is kept, and a result
-    that does not beat the base model there is not saved (unless --force).
+    By default the layers are trained for hybrid search, the default of `semsearch query`: half
+    of the loss ranks by the fused score with BM25's part fixed, so the dense side learns what
+    BM25 misses (--mode dense: the dense ranking alone).
+
+    Queries on held-out *documents* are the dev set, ranked in that mode (hybrid: dense must not
+    fall either): the best check on them is kept, and a result that does not beat the base model
+    there is not saved (unless --force).
 
     \b
     semsearch index corpus/ --index indexes/x --text-column title,text

@@ -313,10 +313,12 @@ def _settings(encoder, data: BeirData) -> dict[str, Any]:
 
 
 def evaluate_index(data: BeirData, retriever, ks: Sequence[int] = DEFAULT_KS, id_field: str = "_id",
-                   modes: Sequence[str] = ("dense",), fusion: str = "convex", alpha: float | None = None) -> EvalReport:
+                   modes: Sequence[str] = ("dense",), fusion: str = "convex", alpha: float | None = None,
+                   subsets: dict[str, Sequence[str]] | None = None) -> EvalReport:
     """Metrics of an existing index as built (its model, pooling, head, index type), with the
     index's recall@k against exact search over its own stored vectors. `modes` other than dense
-    (lexical, hybrid) are searched as Retriever.search searches them, a row each.
+    (lexical, hybrid) are searched as Retriever.search searches them, a row each. With `subsets`
+    ({name: query ids}), also a row per subset of each.
 
     Chunks map to BEIR documents through the metadata field `id_field`, or, for a chunk of a
     whole file without it (a PDF, an HTML page), through the file's name: `<doc id>.pdf`.
@@ -334,6 +336,7 @@ def evaluate_index(data: BeirData, retriever, ks: Sequence[int] = DEFAULT_KS, id
     exact_s, exact_pos = exact_search(qv, np.concatenate(vecs), per_chunk)
     exact_i = all_ids[exact_pos]
     doc_of = _chunk_doc_ids(retriever, id_field)
+    runs: dict[str, dict] = {}
     rep = EvalReport(str(data.folder), data.split, settings=_settings(retriever.encoder, data))
     rep.settings["index"] = str(retriever.folder)
     rep.settings["index_type"] = retriever.manifest.index.get("type", "flat")
@@ -346,6 +349,7 @@ def evaluate_index(data: BeirData, retriever, ks: Sequence[int] = DEFAULT_KS, id
                 if d is not None and d != q and sc > best.get(d, -2.0):
                     best[d] = float(sc)
             run[q] = best
+        runs[name] = run
         m = trec_metrics(data.qrels, run, ks, data.zero_queries)
         rep.rows.append({"pooling": retriever.manifest.pooling, "search": name, **{k: round(v, 2) for k, v in m.items()}})
     for k in ks:
@@ -360,8 +364,15 @@ def evaluate_index(data: BeirData, retriever, ks: Sequence[int] = DEFAULT_KS, id
                 if d is not None and d != q and h.score > best.get(d, -2.0):
                     best[d] = float(h.score)
             run[q] = best
+        runs[mode] = run
         m = trec_metrics(data.qrels, run, ks, data.zero_queries)
         rep.rows.append({"pooling": retriever.manifest.pooling, "search": mode, **{k: round(v, 2) for k, v in m.items()}})
+    for sub, qids in (subsets or {}).items():
+        for name, run in runs.items():
+            if qids:
+                ms = trec_metrics({q: data.qrels[q] for q in qids}, run, ks)
+                rep.rows.append({"pooling": retriever.manifest.pooling, "search": name, "queries": f"{sub} ({len(qids)})",
+                                 **{k: round(v, 2) for k, v in ms.items()}})
     rep.seconds = {"total": round(time.perf_counter() - t0, 2)}
     return rep
 

@@ -105,6 +105,14 @@ def test_train_record_and_query_with_trained_query_layers(tmp_path):
     rows = json.loads(r.output)["results"]
     assert {row["pooling"] for row in rows} == {"mean", "head"}
     assert any(row.get("queries", "").startswith("unseen documents") for row in rows)
+    # the index as it searches, with its head: rows for the queries about documents it never trained on too
+    r = CliRunner().invoke(main, ["eval", str(ds), "--split", "train", "--index", str(idx), "--json"])
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.output)["results"]
+    unseen = [row for row in rows if row.get("queries", "").startswith("unseen documents")]
+    assert {row["search"] for row in unseen} == {"index", "exact", "lexical", "hybrid"}
+    n = int(unseen[0]["queries"].split("(")[1].rstrip(")"))
+    assert 0 < n < 32 and all(0 <= row["ndcg@10"] <= 100 for row in unseen)
 
 
 def test_query_layers_that_do_not_beat_the_base_are_not_saved(tmp_path):
