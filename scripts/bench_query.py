@@ -58,13 +58,17 @@ def main() -> None:
         (corpus / "corpus.jsonl").write_bytes((Path(args.data) / "corpus.jsonl").read_bytes())
         subprocess.run([sys.executable, "-m", "semsearch.cli", "index", str(corpus), "--index", str(index), "--no-progress"], check=True, cwd=REPO)
     manifest = json.loads((index / "manifest.json").read_text())
+    segs = manifest.get("segments") or [{"vectors": manifest["files"]["vectors"]}]  # format 2, or format 1
+    if len(segs) != 1:
+        sys.exit(f"{index} has {len(segs)} segments; the baseline searches one FAISS file: run `semsearch compact --index {index}`")
+    vectors_file = index / segs[0]["vectors"]
     queries = [json.loads(line)["text"] for line in open(Path(args.data) / "queries.jsonl")][: args.queries]
     q = "What causes antibiotic resistance in bacteria?"
 
     from semsearch.encoder.models import default_model_path
 
     semsearch_cmd = [sys.executable, "-m", "semsearch.cli", "query", q, "--index", str(index), "-k", "10", "--mode", "dense"]
-    baseline_cmd = [sys.executable, "-c", BASELINE, str(default_model_path()), str(index / manifest["files"]["vectors"]), q]
+    baseline_cmd = [sys.executable, "-c", BASELINE, str(default_model_path()), str(vectors_file), q]
     # Interleave the two so that machine noise hits both alike.
     ours, base = [], []
     for _ in range(args.runs):
@@ -103,7 +107,7 @@ def main() -> None:
     from sentence_transformers import SentenceTransformer
 
     st = SentenceTransformer(str(default_model_path()), device="cpu")
-    fi = faiss.read_index(str(index / manifest["files"]["vectors"]))
+    fi = faiss.read_index(str(vectors_file))
     for x in queries[:10]:
         fi.search(st.encode([x], normalize_embeddings=True).astype(np.float32), 10)
     blat = []

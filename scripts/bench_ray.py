@@ -87,12 +87,12 @@ def main() -> None:
         ray.shutdown()
         # one replica in steady state: the encoder on one thread, in this process (model loaded),
         # over the chunks the local run made
-        import sqlite3
 
         local = Path(tmp) / "local-0"
-        db = sqlite3.connect(local / json.loads((local / "manifest.json").read_text())["files"]["docs"])
-        texts = [t for (t,) in db.execute("SELECT text FROM chunks ORDER BY id")]
-        db.close()
+        from semsearch.store.manifest import Manifest
+        from semsearch.store.segments import read_rows
+
+        texts = [t for _, t in read_rows(local, Manifest.load(local), "c.text")]  # every segment
         threads = torch.get_num_threads()
         replica = {}
         for n_threads in (1, threads):

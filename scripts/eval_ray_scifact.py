@@ -13,7 +13,6 @@ import argparse
 import json
 import logging
 import os
-import sqlite3
 import tempfile
 import time
 from pathlib import Path
@@ -25,10 +24,12 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def chunks(folder: Path):
-    m = json.loads((folder / "manifest.json").read_text())
-    db = sqlite3.connect(folder / m["files"]["docs"])
-    rows = db.execute("SELECT c.id, f.path, c.row, c.ord, c.start, c.end, c.text FROM chunks c JOIN files f ON f.id = c.file_id ORDER BY c.id").fetchall()
-    vecs = np.stack([np.frombuffer(v, np.float32) for (v,) in db.execute("SELECT vector FROM chunks ORDER BY id")])
+    from semsearch.store.manifest import Manifest
+    from semsearch.store.segments import read_rows
+
+    got = list(read_rows(folder, Manifest.load(folder), "f.path, c.row, c.ord, c.start, c.end, c.text, c.vector"))  # every segment
+    rows = [r[:-1] for r in got]
+    vecs = np.stack([np.frombuffer(r[-1], np.float32) for r in got])
     return rows, vecs
 
 
