@@ -91,8 +91,9 @@ class Retriever:
 
         `model` and `pooling`, when given, must match the index's; they are checks, not overrides.
         `fast_start` encodes queries with a torch-free numpy copy of the encoder (for one-shot
-        processes: no 1.5-3 s torch import); otherwise the torch encoder (faster per query, in
-        bf16 on CPUs that have AMX) is used. `device` places the encoder and, where faiss has GPU
+        processes: no 1.5-3 s torch import), and searches small flat segments with numpy (no
+        faiss import); otherwise the torch encoder (faster per query, in bf16 on CPUs that have
+        AMX) is used. `device` places the encoder and, where faiss has GPU
         support, the vector index ('auto': a GPU where there is one).
         """
         from semsearch.store.vectors import resolve_index_device
@@ -100,7 +101,8 @@ class Retriever:
         folder = index_path(index)
         # A one-shot process searches the index on the CPU unless told otherwise: starting CUDA
         # and copying the index to the GPU costs seconds, a CPU search milliseconds.
-        m, vectors, docs = open_index(folder, resolve_index_device("cpu" if fast_start and device == "auto" else device))
+        m, vectors, docs = open_index(folder, resolve_index_device("cpu" if fast_start and device == "auto" else device),
+                                      light=fast_start)
         if pooling is not None and pooling != m.pooling:
             raise SettingsMismatch(f"{folder} was built with pooling {m.pooling!r}, not {pooling!r}; query it without --pooling, or rebuild it")
         if encoder is None:

@@ -282,7 +282,7 @@ def test_numpy_query_encoder_equals_torch_encoder(real_encoder, sample_index):
         assert np.abs(ne.encode(texts) - Encoder(pooling=pooling, precision="fp32", device="cpu").encode(texts)).max() < 1e-5
 
 
-def test_query_process_does_not_import_torch(sample_index):
+def test_query_process_does_not_import_torch_nor_faiss_on_a_small_index(sample_index):
     import subprocess
     import sys
 
@@ -290,10 +290,22 @@ def test_query_process_does_not_import_torch(sample_index):
             f"sys.argv=['semsearch','query','loan approval','--index',{str(sample_index)!r},'--json','-k','2']; "
             "import contextlib, io\n"
             "try:\n    main()\nexcept SystemExit:\n    pass\n"
-            "assert 'torch' not in sys.modules, 'torch was imported'")
+            "assert 'torch' not in sys.modules, 'torch was imported'\n"
+            "assert 'faiss' not in sys.modules, 'faiss was imported'")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout)["hits"][0]["rank"] == 1
+    light = json.loads(out.stdout)["hits"]
+    assert light[0]["rank"] == 1
+    # the same hits as a reader searching the FAISS index with the same query encoder
+    one_shot = Retriever.load(sample_index, fast_start=True)
+    r = Retriever.load(sample_index, encoder=one_shot.encoder)
+    try:
+        full = r.search("loan approval", 2)
+    finally:
+        r.close()
+        one_shot.close()
+    assert [h["id"] for h in light] == [h.id for h in full]
+    assert np.allclose([h["score"] for h in light], [h.score for h in full], atol=1e-5)
 
 
 def test_a_run_that_changes_nothing_publishes_nothing(tmp_path, fake_encoder):

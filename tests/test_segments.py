@@ -28,6 +28,7 @@ from semsearch.search import Retriever
 from semsearch.store import Manifest
 from semsearch.store import merge as merge_
 from semsearch.store.folder import compact, verify
+from semsearch.store.vectors import MatrixIndex
 
 WORDS = ("loan bank credit mortgage rate soup lentil onion cumin meteor comet debris orbit planet river delta "
          "forest canopy rain storm engine piston valve circuit signal noise").split()
@@ -112,12 +113,17 @@ def test_any_sequence_of_writes_equals_a_fresh_build(seed, tmp_path, fake_encode
         files_indexed = any(e for e in got.docs.files() if not e.startswith("api:"))
         want = _fresh(tmp_path, corpus if files_indexed else None, live, fake_encoder, f"fresh{step}")
         assert len(got) == len(want) == m.counts["chunks"], ops
+        # a one-shot reader searches these small flat segments with numpy, from the docstores' vectors
+        light = Retriever.load(folder, encoder=fake_encoder, fast_start=True)
+        assert all(isinstance(p.segment.vectors, MatrixIndex) for p in light.docs.parts)
         for where in (None, {"tag": "a"}, ["n>=5"]):
-            a, b = _results(got, where), _results(want, where)
+            a, b, c = _results(got, where), _results(want, where), _results(light, where)
             for key in a:
                 _same(a[key], b[key], (ops, key, where, len(m.segments)))
+                _same(c[key], a[key], ("light", ops, key, where, len(m.segments)))
         got.close()
         want.close()
+        light.close()
     assert not verify(folder)
 
 

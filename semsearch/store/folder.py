@@ -32,11 +32,13 @@ def now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
 
-def open_index(folder: Path, device: str = "cpu", reuse: dict | None = None) -> tuple[Manifest, SegmentedVectors, SegmentedDocs]:
+def open_index(folder: Path, device: str = "cpu", reuse: dict | None = None,
+               light: bool = False) -> tuple[Manifest, SegmentedVectors, SegmentedDocs]:
     """The manifest, vector index and (read-only) docstore of an index folder, across its
     segments; the vector indexes are searched on a GPU where device is 'cuda' (see
     resolve_index_device). `reuse`: segments already open ({Segment.key: Segment}, from
-    SegmentedDocs.segments()), taken instead of opening their files again.
+    SegmentedDocs.segments()), taken instead of opening their files again. `light` (one-shot
+    readers): small flat segments are searched with numpy, without loading faiss (LIGHT_ROWS).
 
     A writer may publish the next generation, and remove this one's files, between the reading
     of the manifest and the opening of its files: a failure to open them while the manifest
@@ -45,16 +47,17 @@ def open_index(folder: Path, device: str = "cpu", reuse: dict | None = None) -> 
     for _ in range(20):
         stamp = manifest_stamp(folder)
         try:
-            return _open_generation(folder, device, reuse)
+            return _open_generation(folder, device, reuse, light)
         except (IndexFormatError, FileNotFoundError):  # a file checked or opened after the writer removed it
             if manifest_stamp(folder) == stamp:
                 raise
-    return _open_generation(folder, device, reuse)
+    return _open_generation(folder, device, reuse, light)
 
 
-def _open_generation(folder: Path, device: str, reuse: dict | None) -> tuple[Manifest, SegmentedVectors, SegmentedDocs]:
+def _open_generation(folder: Path, device: str, reuse: dict | None,
+                     light: bool = False) -> tuple[Manifest, SegmentedVectors, SegmentedDocs]:
     m = Manifest.load(folder)
-    parts = open_parts(folder, m, device, reuse)
+    parts = open_parts(folder, m, device, reuse, light)
     return m, SegmentedVectors(parts, m.index, device), SegmentedDocs(folder, parts, live_counts(m.segments))
 
 

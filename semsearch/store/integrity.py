@@ -136,7 +136,8 @@ def check_segment_loaded(folder: Path, entry: dict, vectors, docs) -> None:
     want = rec.get("ntotal", entry.get("rows"))
     if n != want:
         raise damaged(folder, entry["vectors"], f"holds {n} vectors, the manifest records {want}")
-    if "ids" in rec and ids_fingerprint(faiss_ids(vectors.index)) != rec["ids"]:
+    held = vectors.ids if hasattr(vectors, "matrix") else None  # a MatrixIndex: the docstore's ids, no faiss
+    if "ids" in rec and ids_fingerprint(held if held is not None else faiss_ids(vectors.index)) != rec["ids"]:
         raise damaged(folder, entry["vectors"], "its ids do not match the manifest (damaged, or from another index)")
     try:
         chunks = docs.db.execute("SELECT COUNT(*) FROM chunks").fetchone()[0]

@@ -28,9 +28,12 @@ from semsearch.store import integrity, lexical
 from semsearch.store.docstore import DocStore, StoredFile
 from semsearch.store.files import DB_ERRORS, Memo, damaged
 from semsearch.store.lexical import LexicalIndex, Postings
-from semsearch.store.vectors import VectorIndex
+from semsearch.store.vectors import MatrixIndex, VectorIndex
 
 DEL_SMALL = 256  # up to this many deletions, a segment is searched for k + deleted and filtered after
+# A one-shot reader (Retriever.load(fast_start=True)) searches flat segments up to this many rows
+# with numpy from their docstores' vectors (store/vectors.py: MatrixIndex), without importing faiss.
+LIGHT_ROWS = 4096
 SMALL_ROWS = 4096  # adjacent segments this small are searched together from memory (one matmul, one posting set)
 SMALL_RUN = 32768  # rows at most in one such group
 
@@ -158,19 +161,28 @@ class Segment:
     """An immutable segment opened for reading: its docstore (read-only), its vector index, and
     what readers derive from them once (sorted ids, posting arrays, filter columns)."""
 
-    def __init__(self, folder: Path, entry: dict[str, Any], device: str = "cpu"):
+    def __init__(self, folder: Path, entry: dict[str, Any], device: str = "cpu", light: bool = False):
         self.folder, self.entry = Path(folder), entry
         self.id, self.name = int(entry["id"]), entry["docs"]
         integrity.check_segment_files(self.folder, entry)
-        try:
-            self.vectors = VectorIndex.load(self.folder / entry["vectors"], entry.get("index", {}).get("type", "flat"),
-                                            entry.get("index", {}).get("params"), device)
-        except (RuntimeError, MemoryError, AttributeError, TypeError, ValueError) as e:
-            raise damaged(self.folder, entry["vectors"], f"damaged ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from e
+        kind = entry.get("index", {}).get("type", "flat")
         try:
             self.docs = DocStore(self.folder / entry["docs"], readonly=True)
         except DB_ERRORS as e:
             raise damaged(self.folder, entry["docs"], f"damaged ({e})") from e
+        try:
+            if light and kind == "flat" and device != "cuda" and entry.get("rows", LIGHT_ROWS + 1) <= LIGHT_ROWS:
+                got = list(self.docs.iter_vectors())
+                self.vectors = MatrixIndex(np.concatenate([i for i, _ in got]) if got else np.zeros(0, np.int64),
+                                           np.concatenate([v for _, v in got]) if got else np.zeros((0, int(entry.get("dim", 0) or 0)), np.float32))
+            else:
+                self.vectors = VectorIndex.load(self.folder / entry["vectors"], kind, entry.get("index", {}).get("params"), device)
+        except (RuntimeError, MemoryError, AttributeError, TypeError, ValueError) as e:
+            self.docs.close()
+            raise damaged(self.folder, entry["vectors"], f"damaged ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from e
+        except BaseException:
+            self.docs.close()
+            raise
         try:
             integrity.check_segment_loaded(self.folder, entry, self.vectors, self.docs)
         except BaseException:
@@ -274,9 +286,9 @@ class _Bits:
         return self.count
 
 
-def open_parts(folder: Path, manifest, device: str = "cpu", reuse: dict | None = None) -> list[Part]:
+def open_parts(folder: Path, manifest, device: str = "cpu", reuse: dict | None = None, light: bool = False) -> list[Part]:
     """The manifest's segments, each opened (or taken from `reuse`: {Segment.key: Segment})
-    with its tombstones."""
+    with its tombstones; `light`: small flat segments searched with numpy (see LIGHT_ROWS)."""
     parts: list[Part] = []
     opened: list[Segment] = []
     try:
@@ -286,7 +298,7 @@ def open_parts(folder: Path, manifest, device: str = "cpu", reuse: dict | None =
                 rec = ((entry.get("integrity") or {}).get("files") or {}).get(entry["docs"], {})
                 seg = reuse.get((entry["docs"], rec.get("fingerprint", "")))
             if seg is None:
-                seg = Segment(folder, entry, device)
+                seg = Segment(folder, entry, device, light)
                 opened.append(seg)
             dead = Tombstones()
             name = entry.get("deletes")
@@ -473,8 +485,15 @@ class SegmentedVectors:
         if self._runs is None:
             with self._runs_lock:
                 if self._runs is None:
-                    self._runs = [run[0] if len(run) == 1 else _Small(run) for run in small_runs(self.parts, flat_only=True)
-                                  if any(p.live for p in run)]
+                    runs: list = []
+                    for run in small_runs(self.parts, flat_only=True):
+                        if not any(p.live for p in run):
+                            continue
+                        if len(run) > 1 and any(isinstance(p.segment.vectors, MatrixIndex) for p in run):
+                            runs += [p for p in run if p.live]  # a one-shot reader: each searched with numpy
+                        else:
+                            runs.append(run[0] if len(run) == 1 else _Small(run))
+                    self._runs = runs
         return self._runs
 
     @property
