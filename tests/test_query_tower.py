@@ -251,7 +251,7 @@ def test_a_pooling_head_records_its_corpus_too(tmp_path):
         check_head_corpus(tmp_path / "h", [document_key(None, "some other text")])
 
 
-def test_the_hybrid_loss_ranks_as_hybrid_search_fuses(real_encoder):
+def test_the_hybrid_loss_ranks_as_hybrid_search_fuses(real_encoder, monkeypatch):
     """The training logits with BM25's fixed part added are an increasing affine map of the fused
     score `semsearch query` ranks by (semsearch/fusion.py) for the base model, query by query; the
     dev gate's hybrid nDCG@10 is that ranking's."""
@@ -289,6 +289,14 @@ def test_the_hybrid_loss_ranks_as_hybrid_search_fuses(real_encoder):
     want = trec_metrics({str(q): {str(p): 1 for p in positives[q]} for q in range(len(queries))}, run, [10])["ndcg@10"]
     got = hybrid_ndcg10(qv, pv, list(range(len(queries))), queries, bias.lex, positives, alpha)
     assert got == pytest.approx(want) and 0 < got < 100
+    # in blocks of a few queries (as for a large corpus): the same
+    import semsearch.training.query_tower as qt
+
+    monkeypatch.setattr(qt, "_rows_per_block", lambda n: 3)
+    assert hybrid_ndcg10(qv, pv, list(range(len(queries))), queries, bias.lex, positives, alpha) == pytest.approx(got)
+    again = _LexicalBias(passages, queries, scale, alpha)
+    again.set_ranges(qv, pv)
+    assert np.array_equal(again.rows(list(range(len(queries))), None, len(passages)).numpy(), rows)
 
 
 def test_dense_mode_trains_and_judges_the_dense_ranking_and_lexical_is_refused(tmp_path):

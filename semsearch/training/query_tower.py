@@ -237,6 +237,11 @@ def index_vectors(folder: Path, data: PairData, encoder, id_field: str = "_id") 
 
 
 # ---- hybrid: BM25's part of the fused score ---------------------------------------------------
+def _rows_per_block(n_passages: int) -> int:
+    """Queries whose cosines with every passage are computed at once: about 64 MB of them."""
+    return max(1, min(1024, (16 << 20) // max(n_passages, 1)))
+
+
 class _LexicalBias:
     """BM25's part of the fused score, for each query over the passages, as a fixed addend to the
     training logits: the dense side then gets no credit for what BM25 already ranks, and is pushed
@@ -265,8 +270,9 @@ class _LexicalBias:
         from semsearch.fusion import minmax
 
         cols, vals = [], []
-        for s in range(0, len(qv), 1024):
-            cos = qv[s : s + 1024] @ pvec.T
+        step = _rows_per_block(len(pvec))
+        for s in range(0, len(qv), step):
+            cos = qv[s : s + step] @ pvec.T
             top = np.argpartition(-cos, min(self.depth, cos.shape[1]) - 1, axis=1)[:, : self.depth]
             for r in range(len(cos)):
                 acc = self.lex.score_all(self.queries[s + r])
@@ -305,8 +311,11 @@ def hybrid_ndcg10(qv: np.ndarray, pvec: np.ndarray, qidx: list[int], queries: li
     if not qidx:
         return 0.0
     run: dict[str, dict[str, float]] = {}
-    cos_all = qv[qidx] @ pvec.T
-    for q, cos in zip(qidx, cos_all):
+    step = _rows_per_block(len(pvec))
+    for at, q in enumerate(qidx):
+        if at % step == 0:
+            block = qv[qidx[at : at + step]] @ pvec.T
+        cos = block[at % step]
         acc = lex.score_all(queries[q])
         lids, _ = lex.top(acc, DEPTH)
         dids = np.argpartition(-cos, min(DEPTH, len(cos)) - 1)[:DEPTH]
