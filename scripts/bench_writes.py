@@ -182,10 +182,17 @@ def build(folder: Path, n: int, dim: int, rng: np.random.Generator) -> tuple[np.
     """The index of n synthetic chunks, as scripts/bench_filters.py builds it (chunk windows of
     WINDOW tokens); gives back 2,000 stored vectors (queries are made from them), query words, and
     the centres."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from bench_filters import build as build_synthetic
+    return _filters().build(folder, n, dim, rng)
 
-    return build_synthetic(folder, n, dim, rng)
+
+def _filters():
+    """scripts/bench_filters.py, whose index builder and timer this benchmark shares (imported
+    when first needed: the --others worker runs in another Python)."""
+    if str(SCRIPT.parent) not in sys.path:
+        sys.path.insert(0, str(SCRIPT.parent))
+    import bench_filters
+
+    return bench_filters
 
 
 def ensure_index(root: Path, n: int, dim: int) -> tuple[Path, np.ndarray, list[str], np.ndarray]:
@@ -224,15 +231,6 @@ def manifest_info(folder: Path) -> dict:
 def query_vectors(sample: np.ndarray, nq: int) -> np.ndarray:
     q = sample[:nq] + np.random.default_rng(1).normal(scale=0.02, size=(nq, sample.shape[1])).astype(np.float32)
     return q / np.linalg.norm(q, axis=1, keepdims=True)
-
-
-def timed(fn, reps: int) -> list[float]:
-    out = []
-    for i in range(reps):
-        t = time.perf_counter()
-        fn(i)
-        out.append((time.perf_counter() - t) * 1e3)
-    return out
 
 
 def summary(recs: list[dict]) -> dict:
@@ -404,7 +402,7 @@ def query_p50s(folder: Path, n: int, sample: np.ndarray, qwords: list[str], cent
             r.search(qt, 10)
         for name, where in WHERES.items():
             r.search(texts[0], 10, where=where)  # warm (reads the field)
-            ms = timed(lambda i, where=where: r.search(texts[i], 10, where=where), nq)
+            ms = _filters().timed(lambda i, where=where: r.search(texts[i], 10, where=where), nq)
             row["p50_ms"][name] = round(statistics.median(ms), 3)
             row["p90_ms"][name] = round(float(np.percentile(ms, 90)), 3)
     finally:
@@ -432,7 +430,7 @@ def many_writes(root: Path, folder: Path, n: int, sample, qwords, centres, count
         try:
             for qt in texts:  # untimed: the docstore pages these queries read come into the page cache
                 r.search(qt, 10)
-            before = statistics.median(timed(lambda i: r.search(texts[i], 10), nq))
+            before = statistics.median(_filters().timed(lambda i: r.search(texts[i], 10), nq))
             seg0 = manifest_info(work)["segments"]
             rng = np.random.default_rng(7)
             ms = []
@@ -449,7 +447,7 @@ def many_writes(root: Path, folder: Path, n: int, sample, qwords, centres, count
             first_after = (time.perf_counter() - t) * 1e3
             for qt in texts:  # as before: an untimed pass
                 r.search(qt, 10)
-            after = statistics.median(timed(lambda i: r.search(texts[i], 10), nq))
+            after = statistics.median(_filters().timed(lambda i: r.search(texts[i], 10), nq))
             info = manifest_info(work)
             mode = r.default_mode
         finally:
