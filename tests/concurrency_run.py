@@ -5,7 +5,8 @@ interleaved, against one index; report what went wrong as JSON on stdout.
 
 The writer also merges the index's segments (semsearch compact) every few rounds.
 
-Surfaces: retriever, asyncio, explain (Retriever.search with explain=True), http, langchain, llamaindex, haystack. tests/test_concurrency.py
+Surfaces: retriever, asyncio, explain (Retriever.search with explain=True), oneshot (a
+Retriever.load(fast_start=True): numpy query encoder, small segments searched with numpy), http, langchain, llamaindex, haystack. tests/test_concurrency.py
 runs this in a child process with a time limit, because a deadlock inside SQLite can hold the
 interpreter's lock: a test in the same process could then not even notice that it hangs.
 
@@ -73,10 +74,14 @@ class Checker:
 
 
 # ---- the surfaces: each gives (name, fn(call) -> [(id, score)], async fn or None) ------------------
-def retriever_surface(folder, explain: bool = False):
+def retriever_surface(folder, explain: bool = False, fast_start: bool = False):
     from semsearch.search import Retriever
 
-    r = Retriever.load(folder)
+    r = Retriever.load(folder, fast_start=fast_start)
+    if fast_start:
+        from semsearch.store.vectors import MatrixIndex
+
+        assert all(isinstance(p.segment.vectors, MatrixIndex) for p in r.docs.parts), "oneshot: not the numpy search"
 
     def run(call):
         q, m, w = call
@@ -274,8 +279,8 @@ def main() -> None:
     checker = Checker()
     runners: dict[str, tuple] = {}
     for s in surfaces:
-        if s in ("retriever", "asyncio", "explain"):
-            run = retriever_surface(folder, explain=s == "explain")
+        if s in ("retriever", "asyncio", "explain", "oneshot"):
+            run = retriever_surface(folder, explain=s == "explain", fast_start=s == "oneshot")
             runners[s] = (run, None)
         elif s == "http":
             runners[s] = (http_surface(folder), None)
@@ -344,7 +349,7 @@ def main() -> None:
     for s, (run, arun) in runners.items():
         if s != "asyncio":
             threads += [threading.Thread(target=thread_work, args=(s, run, j * 7), daemon=True) for j in range(THREADS)]
-        if s == "asyncio" or arun is not None:
+        if s in ("asyncio", "oneshot") or arun is not None:
             threads.append(threading.Thread(target=lambda s=s, run=run, arun=arun: asyncio.run(async_work(s, run, arun)),
                                             daemon=True))
     for t in threads:

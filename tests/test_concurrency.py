@@ -58,7 +58,7 @@ def run(index: Path, *surfaces: str) -> dict:
 
 
 def test_retriever_threads_and_asyncio_with_writes(index):
-    run(index, "retriever", "asyncio", "explain")
+    run(index, "retriever", "asyncio", "explain", "oneshot")
 
 
 def test_http_endpoints_with_writes(index):
