@@ -9,7 +9,10 @@ states (--keep-states): explaining a hit then reads them, and encodes nothing. T
 for one built without --keep-states, where the explained hits' texts are encoded again (one
 batched encoder pass a search). Each query runs, for dense and for hybrid: the plain search, the
 explained one with kept states and, for the first --reencode-queries queries, the explained one
-re-encoding the hits; each ratio divides by the plain p50 over the same queries.
+re-encoding the hits; each ratio divides by the plain p50 over the same queries. An explained
+search works out every number; the per-token and per-word records are built when a hit's
+explanation is first read, so two more ratios are given: with every explanation read, and a
+search turned into the server's JSON (Hit.to_dict, json.dumps) with and without explain.
 """
 from __future__ import annotations
 
@@ -103,21 +106,32 @@ def main() -> None:
     load_before = os.getloadavg()
     proc_before = _proc_loadavg()
     times: dict[str, list[float]] = {f"{m}_{w}": [] for m in ("dense", "hybrid")
-                                     for w in ("plain", "explain_kept", "plain_re", "explain_encoded")}
+                                     for w in ("plain", "explain_kept", "explain_read", "plain_json", "explain_json",
+                                               "plain_re", "explain_encoded")}
     states: dict[str, set] = {"kept": set(), "encoded": set()}
 
     def no_kept_states(*a, **kw):  # an index without kept token states
         return {}
 
-    def explained(q: str, mode: str, seen: set) -> float:
-        """Seconds of one explained search, freeing its hits included (as the plain search's are)."""
+    def explained(q: str, mode: str, seen: set, read: bool = False) -> float:
+        """Seconds of one explained search, freeing its hits included (as the plain search's are);
+        read: every hit's explanation read too (its records built: Hit.explanation)."""
         t = time.perf_counter()
         hits = r.search(q, k=k, mode=mode, explain=True)
+        if read:
+            for h in hits:
+                h.explanation
         took = time.perf_counter() - t
         seen.update(h.explanation["dense"]["states"] for h in hits)
         t = time.perf_counter()
         del hits
         return took + time.perf_counter() - t
+
+    def as_json(q: str, mode: str, explain_: bool) -> float:
+        """Seconds of a search and its hits as the server's JSON (Hit.to_dict, json.dumps)."""
+        t = time.perf_counter()
+        json.dumps([h.to_dict() for h in r.search(q, k=k, mode=mode, explain=explain_)])
+        return time.perf_counter() - t
 
     for i, q in enumerate(queries):
         for mode in ("dense", "hybrid"):
@@ -126,6 +140,9 @@ def main() -> None:
             plain = time.perf_counter() - t
             times[f"{mode}_plain"].append(plain)
             times[f"{mode}_explain_kept"].append(explained(q, mode, states["kept"]))
+            times[f"{mode}_explain_read"].append(explained(q, mode, states["kept"], read=True))
+            times[f"{mode}_plain_json"].append(as_json(q, mode, False))
+            times[f"{mode}_explain_json"].append(as_json(q, mode, True))
             if i < args.reencode_queries:
                 explain._kept_states = no_kept_states
                 try:
@@ -144,6 +161,11 @@ def main() -> None:
         "proc_loadavg_before": proc_before, "proc_loadavg_after": _proc_loadavg(),
         "p50_ms": {name: p50(times[name]) for name in ("dense_plain", "dense_explain_kept", "hybrid_plain", "hybrid_explain_kept")},
         "ratio_p50": {mode: ratio(times[f"{mode}_explain_kept"], times[f"{mode}_plain"]) for mode in ("dense", "hybrid")},
+        # the same with every explanation read (its records built), and as the server's JSON
+        "read_p50_ms": {mode: p50(times[f"{mode}_explain_read"]) for mode in ("dense", "hybrid")},
+        "read_ratio_p50": {mode: ratio(times[f"{mode}_explain_read"], times[f"{mode}_plain"]) for mode in ("dense", "hybrid")},
+        "json_p50_ms": {f"{mode}_{w}": p50(times[f"{mode}_{w}_json"]) for mode in ("dense", "hybrid") for w in ("plain", "explain")},
+        "json_ratio_p50": {mode: ratio(times[f"{mode}_explain_json"], times[f"{mode}_plain_json"]) for mode in ("dense", "hybrid")},
         "reencode": {"queries": len(times["dense_explain_encoded"]),
                      **{f"{mode}_{w}_p50_ms": p50(times[f"{mode}_{key}"]) for mode in ("dense", "hybrid")
                         for w, key in (("plain", "plain_re"), ("explain", "explain_encoded"))},

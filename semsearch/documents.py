@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from semsearch.corpus.chunking import ChunkSettings, chunk_text, line_of
+from semsearch.encoder.tokens import token_table
 from semsearch.errors import DocumentNotFound, IndexFormatError, InputError, SettingsMismatch
 from semsearch.store.docstore import ChunkRow
 from semsearch.store.folder import IndexWriter, now
@@ -146,8 +147,8 @@ def upsert_documents(folder: str | Path, docs: Iterable[Document], encoder, flus
             texts = [c.text for c in pending]
             if base.states:  # the index keeps token states for re-pooling: so must these chunks
                 vecs, states = encoder.encode_with_states(texts, progress=False)
-                for c, st in zip(pending, states):
-                    c.state = writer.append_states(st)
+                for c, st, tb in zip(pending, states, token_table(encoder, texts)):
+                    c.state = writer.append_states(st, tb)
             else:
                 vecs = encoder.encode(texts, progress=False)
             writer.vectors.add(store.add_chunks(pending, vecs), vecs)

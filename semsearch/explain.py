@@ -23,16 +23,21 @@ explanation for a terminal; the search page of `semsearch serve` renders the sam
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import json
+import mmap
+import os
 import re
 import sys
+import threading
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
 from semsearch import fusion as fusion_
+from semsearch.store import kept as kept_
 from semsearch.store import lexical as lexical_
 
 MATCH_TOL = 1e-4  # |re-encoded cosine - stored cosine| within which the vectors count as the same
@@ -57,8 +62,13 @@ class _Tokens:
 
 def _word_spans(toks: Sequence[_Tokens], terms: Sequence[np.ndarray]) -> list[list[dict[str, Any]]]:
     """Each text's word spans with their terms summed: a word's WordPiece continuations ('##s'
-    right after 'decision') merged into it. All texts at once, in numpy; each word's sum adds its
-    pieces left to right, as a loop over the tokens would."""
+    right after 'decision') merged into it."""
+    return [_span_records(p) for p in _word_span_parts(toks, terms)]
+
+
+def _word_span_parts(toks: Sequence[_Tokens], terms: Sequence[np.ndarray]) -> list[tuple]:
+    """_word_spans' numbers, each text's (text, starts, ends, sums): all texts at once, in numpy;
+    each word's sum adds its pieces left to right, as a loop over the tokens would."""
     if not toks:
         return []
     m = [min(len(t.tokens), len(x)) for t, x in zip(toks, terms)]  # (the same but for a misfit)
@@ -81,12 +91,13 @@ def _word_spans(toks: Sequence[_Tokens], terms: Sequence[np.ndarray]) -> list[li
     keep = ends > starts
     a, b, x, h = starts[keep].tolist(), ends[keep].tolist(), x[keep].tolist(), h[first[keep]]
     bounds = np.searchsorted(h, np.arange(len(toks) + 1)).tolist()
-    out = []
-    for k, t in enumerate(toks):
-        text, lo, hi = t.text, bounds[k], bounds[k + 1]
-        out.append([{"start": s, "end": e, "text": text[s:e], "contribution": c}
-                    for s, e, c in zip(a[lo:hi], b[lo:hi], x[lo:hi])])
-    return out
+    return [(t.text, a[bounds[k]:bounds[k + 1]], b[bounds[k]:bounds[k + 1]], x[bounds[k]:bounds[k + 1]])
+            for k, t in enumerate(toks)]
+
+
+def _span_records(part: tuple) -> list[dict[str, Any]]:
+    text, a, b, x = part
+    return [{"start": s, "end": e, "text": text[s:e], "contribution": c} for s, e, c in zip(a, b, x)]
 
 
 def _tokenizer(encoder):
@@ -172,25 +183,67 @@ _GRAIN = 32768  # elements: torch runs a copy this small on the calling thread
 
 
 def _widen(a: np.ndarray) -> np.ndarray:
-    """fp16 -> float32 (exact either way): through torch where it is loaded (vectorised, about 4x
-    numpy's conversion), else numpy. Copied in pieces below torch's parallel grain, so no OpenMP
-    team is woken: its threads spin on a core after the copy, which slowed the tokenizer running
-    next by a third on 2 cores."""
+    """fp16 -> float32 (exact either way); see _widen_parts."""
+    return _widen_parts([a.reshape(-1, a.shape[-1]) if a.ndim else a.reshape(1, 1)], a.shape[-1] if a.ndim else 1).reshape(a.shape)
+
+
+def _widen_parts(parts: Sequence[np.ndarray], dim: int) -> np.ndarray:
+    """fp16 arrays (n_i, dim) -> one float32 (sum n_i, dim), exact: through torch where it is
+    loaded (vectorised, about 4x numpy's conversion), else numpy. Copied in pieces below torch's
+    parallel grain, so no OpenMP team is woken: its threads spin on a core after the copy, which
+    slowed the tokenizer running next by a third on 2 cores."""
+    out = np.empty((sum(len(p) for p in parts), dim), np.float32)
     torch = sys.modules.get("torch")
-    if torch is None or not a.size:
-        return a.astype(np.float32)
-    out = np.empty(a.shape, np.float32)
-    try:
-        for src, dst in zip(torch.from_numpy(a.reshape(-1)).split(_GRAIN), torch.from_numpy(out.reshape(-1)).split(_GRAIN)):
-            dst.copy_(src)
-    except Exception:  # noqa: BLE001 - a torch that cannot: numpy gives the same numbers
-        return a.astype(np.float32)
+    at = 0
+    for p in parts:
+        dst = out[at : at + len(p)]
+        at += len(p)
+        if torch is None or not p.size:
+            dst[:] = p
+            continue
+        try:
+            for src, d in zip(torch.from_numpy(p.reshape(-1)).split(_GRAIN), torch.from_numpy(dst.reshape(-1)).split(_GRAIN)):
+                d.copy_(src)
+        except Exception:  # noqa: BLE001 - a torch that cannot: numpy gives the same numbers
+            dst[:] = p
     return out
 
 
-def _kept_states(g, folder: Path, ids: Sequence[int]) -> dict[int, np.ndarray]:
-    """{chunk id: fp16 token states as float32} for chunks whose states the index keeps, read
-    into one buffer and widened in one call."""
+_MAPS: dict[tuple, np.ndarray] = {}  # (path, inode, size, mtime): the file mapped (copy-on-write, never written)
+_MAPS_MAX = 256
+_MAPS_LOCK = threading.Lock()
+
+
+def _mapped(path: Path, dtype, cols: int) -> np.ndarray | None:
+    """A states or token-table file as an array (rows, cols), memory-mapped once and kept (a
+    published file never changes: a new write writes new files; the key's size and times tell a
+    reused name apart); None where it cannot be read."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    key = (str(path), st.st_ino, st.st_size, st.st_mtime_ns)
+    got = _MAPS.get(key)
+    if got is not None:
+        return got
+    item = np.dtype(dtype).itemsize * cols
+    try:
+        with open(path, "rb") as f:
+            buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY) if st.st_size else b""
+    except (OSError, ValueError):
+        return None
+    arr = np.frombuffer(buf, dtype, (st.st_size // item) * cols).reshape(-1, cols) if st.st_size >= item else np.zeros((0, cols), dtype)
+    with _MAPS_LOCK:
+        if len(_MAPS) >= _MAPS_MAX:
+            _MAPS.clear()  # the arrays in use stay mapped while referenced
+        _MAPS[key] = arr
+    return arr
+
+
+def _kept_states(g, folder: Path, ids: Sequence[int]) -> dict[int, tuple[np.ndarray, np.ndarray | None]]:
+    """{chunk id: (fp16 token states as float32, their token table or None)} for chunks whose
+    states the index keeps: the states widened from the mapped files into one buffer, the token
+    tables (kept beside them, store.kept) sliced from theirs."""
     st = g.manifest.states
     if not st or not ids:
         return {}
@@ -199,28 +252,28 @@ def _kept_states(g, folder: Path, ids: Sequence[int]) -> dict[int, np.ndarray]:
     except Exception:  # noqa: BLE001 - a docstore without the columns: encode instead
         return {}
     dim = int(st["dim"])
-    rows = [(file, int(off), int(n), int(cid)) for cid, file, off, n in rows if file is not None]
-    rows.sort()
-    buf = np.empty((sum(n for _, _, n, _ in rows), dim), np.float16)
-    got: list[tuple[int, int, int]] = []  # (chunk id, first row in buf, rows)
-    at, i = 0, 0
-    while i < len(rows):
-        file = rows[i][0]
-        j = i
-        while j < len(rows) and rows[j][0] == file:
-            j += 1
-        try:
-            with open(Path(folder) / "states" / file, "rb", buffering=0) as f:
-                for _, off, n, cid in rows[i:j]:
-                    f.seek(off * 2 * dim)
-                    if f.readinto(buf[at : at + n]) == n * 2 * dim:
-                        got.append((cid, at, n))
-                        at += n
-        except OSError:
-            pass
-        i = j
-    wide = _widen(buf[:at])
-    return {cid: wide[a : a + n] for cid, a, n in got}
+    states_dir = Path(folder) / "states"
+    maps: dict[str, tuple[np.ndarray | None, np.ndarray | None]] = {}
+    parts, got, tables = [], [], {}
+    for cid, file, off, n in rows:
+        if file is None:
+            continue
+        if file not in maps:
+            maps[file] = (_mapped(states_dir / file, np.float16, dim),
+                          _mapped(states_dir / kept_.tokens_name(file), np.int32, kept_.TOKEN_COLS))
+        sm, tm = maps[file]
+        off, n = int(off), int(n)
+        if sm is None or off < 0 or off + n > len(sm):
+            continue
+        parts.append(sm[off : off + n])
+        got.append((int(cid), n))
+        tables[int(cid)] = kept_.token_slice(tm, off, n)
+    wide = _widen_parts(parts, dim)
+    out, at = {}, 0
+    for cid, n in got:
+        out[cid] = (wide[at : at + n], tables[cid])
+        at += n
+    return out
 
 
 _VOCABS: dict[int, tuple[Any, list[str], np.ndarray]] = {}
@@ -251,45 +304,68 @@ def _explainable(encoder) -> bool:
     return _tokenizer(encoder) is not None and (hasattr(encoder, "iter_states") or hasattr(encoder, "_forward"))
 
 
-def hit_tokens(encoder, texts: Sequence[str], kept: Sequence[np.ndarray | None] | None = None, encs=None) -> list[_Tokens | None]:
+def _table(e) -> np.ndarray:
+    """An encoding as a token table (T, 3): id, start, end (-1, -1 for special tokens), as
+    Encoder.token_table keeps it beside the states."""
+    n = len(e.ids)
+    t = np.empty((n, 3), np.int64)
+    t[:, 0] = e.ids
+    if n:
+        t[:, 1:] = np.fromiter(itertools.chain.from_iterable(e.offsets), np.int64, 2 * n).reshape(n, 2)
+        t[np.fromiter(e.special_tokens_mask, bool, n), 1:] = -1
+    return t
+
+
+def hit_tokens(encoder, texts: Sequence[str], kept: Sequence[np.ndarray | None] | None = None, encs=None,
+               tables: Sequence[np.ndarray | None] | None = None) -> list[_Tokens | None]:
     """Tokens and states for each text: the kept states where given (and of the right length),
     else encoded now, all of them in one encoder pass; None for every text where the encoder
-    cannot give token states. encs: the texts' _encodings where the caller has them."""
+    cannot give token states. tables: the token tables kept beside the kept states (a text with
+    one is not tokenised again); encs: the other texts' _encodings where the caller has them."""
     if not _explainable(encoder):
         return [None] * len(texts)
     texts = list(texts)
-    if encs is None:
-        encs = _encodings(encoder, texts)
     kept = list(kept) if kept is not None else [None] * len(texts)
-    need = [i for i, (e, k) in enumerate(zip(encs, kept)) if k is None or len(k) != len(e.ids)]
+    tables = list(tables) if tables is not None else [None] * len(texts)
+    # a kept token table goes only with the kept states it was written with
+    tabs: list[np.ndarray | None] = [t if t is not None and k is not None and len(t) == len(k) else None
+                                     for t, k in zip(tables, kept)]
+    todo = [i for i, t in enumerate(tabs) if t is None]
+    if todo:
+        got = encs if encs is not None and len(encs) == len(todo) else _encodings(encoder, [texts[i] for i in todo])
+        for i, e in zip(todo, got):
+            tabs[i] = _table(e)
+    need = [i for i, (t, k) in enumerate(zip(tabs, kept)) if k is None or len(k) != len(t)]
     fresh: dict[int, np.ndarray] = {}
     if need:
         run = getattr(encoder, "run_alone", None)  # a shared encoder (the server's) runs one pass at a time
         got = run(_encode_states, [texts[i] for i in need]) if run else _encode_states(encoder, [texts[i] for i in need])
         fresh = dict(zip(need, got))
-    # every text's offsets, special marks and ids as arrays in one conversion each
-    chain = itertools.chain.from_iterable
-    lens = [len(e.ids) for e in encs]
-    n = sum(lens)
-    off = np.fromiter(chain(chain(e.offsets for e in encs)), np.int64, 2 * n).reshape(n, 2)
-    special = np.fromiter(chain(e.special_tokens_mask for e in encs), bool, n)
-    ids = np.fromiter(chain(e.ids for e in encs), np.int64, n)
-    strings, table = _vocab(_tokenizer(encoder))
-    if table is None or (n and (ids.min() < 0 or ids.max() >= len(table))):  # the encodings' own strings
+    # every text's ids, offsets and special marks as arrays, all texts at once
+    lens = [len(t) for t in tabs]
+    allt = np.concatenate(tabs) if tabs else np.zeros((0, 3), np.int64)
+    n = len(allt)
+    ids, off = allt[:, 0], allt[:, 1:]
+    special = off[:, 0] < 0
+    tok = _tokenizer(encoder)
+    strings, table = _vocab(tok)
+    if table is None or (n and (ids.min() < 0 or ids.max() >= len(table))):  # the tokenizer's own strings
         strings = None
-        cont = np.fromiter((t.startswith("##") for e in encs for t in e.tokens), bool, n)
+        names = [tok.id_to_token(int(j)) or "" for j in ids.tolist()]
+        cont = np.fromiter((t.startswith("##") for t in names), bool, n)
     else:
         cont = table[ids]
     starts, ends = off[:, 0].tolist(), off[:, 1].tolist()
     for j in np.flatnonzero(special).tolist():
         starts[j] = ends[j] = None
     real_end = np.where(special, 0, off[:, 1])
+    id_list = ids.tolist()
     out, at = [], 0
-    for i, e in enumerate(encs):
+    for i in range(len(texts)):
         states, source = (fresh[i], "encoded") if i in fresh else (kept[i], "kept")
         end = at + lens[i]
         last = int(real_end[at:end].max()) if end > at else 0
-        tokens = [strings[j] for j in e.ids] if strings is not None else e.tokens
+        tokens = [strings[j] for j in id_list[at:end]] if strings is not None else names[at:end]
         out.append(_Tokens(states, tokens, starts[at:end], ends[at:end], off[at:end], special[at:end], cont[at:end],
                            texts[i], source, bool(texts[i][last:].strip())))
         at = end
@@ -346,6 +422,17 @@ def dense_terms(pooling: str, states: np.ndarray, q: np.ndarray, head=None) -> t
     raise ValueError(f"no per-token terms for pooling {pooling!r}")
 
 
+def _token_records(tok: _Tokens, terms: np.ndarray) -> list[dict[str, Any]]:
+    return [{"token": t, "start": a, "end": b, "contribution": c}
+            for t, a, b, c in zip(tok.tokens, tok.starts, tok.ends, np.asarray(terms, np.float64).tolist())]
+
+
+def _fill_dense(d: dict[str, Any], tok: _Tokens, terms: np.ndarray, part: tuple) -> None:
+    """The records of a dense explanation left to its first reading (Hit.explanation)."""
+    d["tokens"] = _token_records(tok, terms)
+    d["spans"] = _span_records(part)
+
+
 def explain_dense(encoder, tok: _Tokens | None, text: str, q: np.ndarray, stored_vec: np.ndarray | None,
                   stored_score: float | None, query_layers: bool = False) -> dict[str, Any]:
     """The dense part of an explanation for one hit. stored_score: the cosine the ranking used.
@@ -357,9 +444,10 @@ def explain_dense(encoder, tok: _Tokens | None, text: str, q: np.ndarray, stored
 
 
 def _dense(encoder, tok: _Tokens | None, q: np.ndarray, stored_vec: np.ndarray | None, stored_score: float | None,
-           query_layers: bool) -> tuple[dict[str, Any], np.ndarray | None]:
+           query_layers: bool, records: bool = True) -> tuple[dict[str, Any], np.ndarray | None]:
     """(explain_dense's dict with "spans" left None, the per-token terms) where there are terms,
-    else (the finished dict, None): the caller fills in the word spans, many hits at once."""
+    else (the finished dict, None): the caller fills in the word spans, many hits at once, and
+    (records=False) the token records too (_token_records)."""
     pooling = getattr(encoder, "pooling", None)
     out: dict[str, Any] = {"pooling": pooling, "stored_score": stored_score, "ranking_score": stored_score}
     if query_layers or getattr(encoder, "query_tower", None) is not None:
@@ -377,8 +465,7 @@ def _dense(encoder, tok: _Tokens | None, q: np.ndarray, stored_vec: np.ndarray |
     score = float(terms.sum())
     out.update(exact=True, method=how, score=score, states=tok.source)
     terms = np.asarray(terms, np.float64)
-    out["tokens"] = [{"token": t, "start": a, "end": b, "contribution": c}
-                     for t, a, b, c in zip(tok.tokens, tok.starts, tok.ends, terms.tolist())]
+    out["tokens"] = _token_records(tok, terms) if records else None
     out["spans"] = None  # a word's WordPiece pieces merged, their terms summed: _word_spans
     out["truncated"] = tok.truncated  # text past the model's max length is not in the vector
     if stored_vec is not None:
@@ -421,6 +508,7 @@ class QueryTerms:
         self.hashes = lex.query_hashes(query)  # in the order score_all() adds them
         self.known: set[str] = set()  # text words looked at so far
         self.match: dict[str, int] = {}  # ... those whose term is one of the query's: their term's hash
+        self.forms: dict[int, list[str]] = {h: list(ws) for h, ws in self.words.items()}  # each term's words met so far
         self.average_length = float(lex.average_length) if len(lex) else 0.0
 
     def learn(self, words: set[str]) -> None:
@@ -432,6 +520,8 @@ class QueryTerms:
                 h = _word_term(w)
                 if h in q:
                     self.match[w] = h
+                    if w not in self.forms[h]:
+                        self.forms[h].append(w)
             self.known |= new
 
     def term_of(self, word: str) -> int | None:
@@ -480,15 +570,47 @@ def _term_spans(qt: QueryTerms, text: str) -> dict[int, list[list[int]]]:
     words = set(low.translate(_NOT_WORD).split()) if low.isascii() else set(_WORD.findall(low))
     qt.learn(words)
     for w in words & qt.match.keys():
-        h = qt.match[w]
-        at = low.find(w)
-        while at >= 0:
-            end = at + len(w)
-            if (at == 0 or not _is_word(low[at - 1])) and (end == len(low) or not _is_word(low[end])):
-                spans.setdefault(h, []).append([at, end])
-            at = low.find(w, end)
+        got = _occurrences(low, w)
+        if got:
+            spans.setdefault(qt.match[w], []).extend(got)
     for v in spans.values():
         v.sort()
+    return spans
+
+
+def _occurrences(low: str, w: str) -> list[list[int]]:
+    """[[start, end], ...] of w in low as a whole word."""
+    out = []
+    at = low.find(w)
+    while at >= 0:
+        end = at + len(w)
+        if (at == 0 or not _is_word(low[at - 1])) and (end == len(low) or not _is_word(low[end])):
+            out.append([at, end])
+        at = low.find(w, end)
+    return out
+
+
+def _known_term_spans(qt: QueryTerms, text: str, tfs: Sequence[tuple[int, int]]) -> dict[int, list[list[int]]] | None:
+    """_term_spans(qt, text) from BM25's own counts, without looking at every word of the text:
+    for each (term hash, count in this chunk) the whole-word occurrences of the term's words met
+    so far (the query's own, and text words learnt before). Where they are as many as BM25
+    counted, they are all of them (each is one of the words BM25 counts, of that term). None
+    where a term falls short (a word not met yet), or the text is not ASCII (whose words BM25 and
+    this search could split otherwise): the caller looks at every word then."""
+    if not text.isascii():
+        return None
+    low = text.lower()
+    spans: dict[int, list[list[int]]] = {}
+    for h, tf in tfs:
+        if tf <= 0:
+            continue
+        got: list[list[int]] = []
+        for w in qt.forms.get(h, ()):
+            got += _occurrences(low, w)
+        if len(got) != tf:
+            return None
+        got.sort()
+        spans[h] = got
     return spans
 
 
@@ -497,9 +619,12 @@ def explain_lexical(lex, query: str | QueryTerms, chunk_id: int, text: str, scor
     return explain_lexical_many(lex, query, [(chunk_id, text, score)])[0]
 
 
-def explain_lexical_many(lex, query: str | QueryTerms, hits: Sequence[tuple[int, str, float | None]]) -> list[dict[str, Any]]:
+def explain_lexical_many(lex, query: str | QueryTerms, hits: Sequence[tuple[int, str, float | None]],
+                         defer: list | None = None) -> list[dict[str, Any]]:
     """explain_lexical for many (chunk id, text, BM25 score) of one query: each term's postings
-    searched once for all the chunks."""
+    searched once for all the chunks. defer: a list given gets, per chunk, a function that fills
+    in where the terms occur in its text (left empty until then), for the caller to run when the
+    explanation is first read; else they are filled in now."""
     qt = query if isinstance(query, QueryTerms) else QueryTerms(lex, query)
     n = len(hits)
     cids = np.fromiter((int(c) for c, _, _ in hits), np.int64, n)
@@ -516,16 +641,31 @@ def explain_lexical_many(lex, query: str | QueryTerms, hits: Sequence[tuple[int,
             out["length"] = float(lengths[li])
             out["average_length"] = qt.average_length
             li += 1
-        spans = _term_spans(qt, text)
         total = 0.0
         for h, name, idf, c, tf in cols:
             total += c[r]
-            out["terms"].append({"term": name, "idf": idf, "tf": tf[r], "contribution": c[r], "spans": spans.get(h, [])})
+            out["terms"].append({"term": name, "idf": idf, "tf": tf[r], "contribution": c[r], "spans": []})
+        tfs = [(h, int(tf[r])) for h, _, _, _, tf in cols] if is_held else None
+        if defer is None:
+            _fill_term_spans(qt, text, out["terms"], cols, tfs)
+        else:
+            defer.append(functools.partial(_fill_term_spans, qt, text, out["terms"], cols, tfs))
         if missing:
             out["absent"] = list(missing)  # query terms no chunk of the index holds: they add nothing
         out["sum"] = total
         out_all.append(out)
     return out_all
+
+
+def _fill_term_spans(qt: QueryTerms, text: str, terms: list[dict[str, Any]], cols: list,
+                     tfs: Sequence[tuple[int, int]] | None = None) -> None:
+    """Where each query term occurs in text (terms' "spans"). tfs: (term hash, BM25's count) of
+    each term in this chunk, where the chunk is in the lexical index."""
+    spans = _known_term_spans(qt, text, tfs) if tfs is not None else None
+    if spans is None:
+        spans = _term_spans(qt, text)
+    for t, (h, *_) in zip(terms, cols):
+        t["spans"] = spans.get(h, [])
 
 
 # ---- fusion ----------------------------------------------------------------------------------
@@ -592,34 +732,52 @@ def explain_hits(retriever, g, queries: Sequence[str], qv: np.ndarray | None, hi
         ids = sorted({h.id for _, h in flat})
         text_of = {h.id: h.text for _, h in flat}
         texts = [text_of[i] for i in ids]
-        # all the hits tokenised in one batched call, read in one buffer, encoded (where the index
-        # keeps no states) in one encoder pass; the word spans, BM25 parts and fusion per query
-        encs = _encodings(retriever.encoder, texts) if _explainable(retriever.encoder) else None
+        # the hits' token states and token tables read in one buffer where the index keeps them,
+        # else tokenised in one batched call and encoded in one encoder pass; the word spans,
+        # BM25 parts and fusion per query
         kept = _kept_states(g, retriever.folder, ids)
-        toks = dict(zip(ids, hit_tokens(retriever.encoder, texts, [kept.get(i) for i in ids], encs)))
+        pairs = [kept.get(i, (None, None)) for i in ids]
+        toks = dict(zip(ids, hit_tokens(retriever.encoder, texts, [p[0] for p in pairs], tables=[p[1] for p in pairs])))
         stored = _stored_vectors(g, ids)
     for qi, row in enumerate(hits):
         if not row:
             continue
         es: list[dict[str, Any]] = [{"mode": mode, "score": h.score, "query": queries[qi]} for h in row]
+        # the records (each token's and word's dict, where query terms occur) are left to each
+        # explanation's first reading: every number is worked out here
+        later: list[list] = [[] for _ in row]
         if dense:
-            spans_of = []  # (dense dict, tokens, terms): word spans for all the query's hits at once
-            for e, h in zip(es, row):
+            spans_of = []  # (hit, dense dict, tokens, terms): word spans for all the query's hits at once
+            for j, (e, h) in enumerate(zip(es, row)):
                 tok = toks.get(h.id)
-                e["dense"], t = _dense(retriever.encoder, tok, qv[qi], stored.get(h.id), h.dense_score, query_layers)
+                e["dense"], t = _dense(retriever.encoder, tok, qv[qi], stored.get(h.id), h.dense_score, query_layers,
+                                       records=False)
                 if t is not None:
-                    spans_of.append((e["dense"], tok, t))
-            for (d, _, _), spans in zip(spans_of, _word_spans([s[1] for s in spans_of], [s[2] for s in spans_of])):
-                d["spans"] = spans
+                    spans_of.append((j, e["dense"], tok, t))
+            parts = _word_span_parts([s[2] for s in spans_of], [s[3] for s in spans_of])
+            for (j, d, tok, t), part in zip(spans_of, parts):
+                later[j].append(functools.partial(_fill_dense, d, tok, t, part))
         if lex is not None:
+            fill: list = []
             for e, x in zip(es, explain_lexical_many(lex, QueryTerms(lex, queries[qi]),
-                                                     [(h.id, h.text, h.lexical_score) for h in row])):
+                                                     [(h.id, h.text, h.lexical_score) for h in row], defer=fill)):
                 e["lexical"] = x
+            for j, f in enumerate(fill):
+                later[j].append(f)
         sides = _fusion_sides(pools[qi] if pools else None, fusion) if mode == "hybrid" else None
-        for e, h in zip(es, row):
+        for j, (e, h) in enumerate(zip(es, row)):
             if mode == "hybrid":
                 e["fusion"] = explain_fusion(None, h.id, fusion, alpha, h.score, sides)
-            h.explanation = e
+            if later[j] and hasattr(h, "defer_explanation"):
+                h.defer_explanation(e, functools.partial(_run_all, later[j]))
+            else:
+                _run_all(later[j])
+                h.explanation = e
+
+
+def _run_all(fns) -> None:
+    for f in fns:
+        f()
 
 
 # ---- a terminal rendering --------------------------------------------------------------------

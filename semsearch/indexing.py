@@ -15,6 +15,7 @@ from semsearch.corpus.chunking import ChunkSettings
 from semsearch.corpus.readers import ReadOptions, Skip
 from semsearch.corpus.walk import WalkResult, file_hash, walk
 from semsearch.progress import bar as progress_bar
+from semsearch.encoder.tokens import token_table
 from semsearch.encoder.models import weight_stats
 from semsearch.engines.chunks import file_chunks
 from semsearch.engines.register import drop_file, drop_gone, replace_file, same_stat
@@ -425,9 +426,10 @@ def _update(writer, files, root, encoder, chunking, read, report, progress, flus
     def flush() -> None:
         if pending:
             if keep_states:
-                vecs, states = encoder.encode_with_states([c.text for c in pending], progress=False)
-                for c, st in zip(pending, states):
-                    c.state = writer.append_states(st)
+                texts = [c.text for c in pending]
+                vecs, states = encoder.encode_with_states(texts, progress=False)
+                for c, st, tb in zip(pending, states, token_table(encoder, texts)):
+                    c.state = writer.append_states(st, tb)
             elif cache is not None:
                 vecs = cache.encode(encoder, [c.text for c in pending])
             else:

@@ -1,10 +1,11 @@
 """Retriever: the one object a RAG pipeline needs — search(query, k) -> list[Hit]."""
 from __future__ import annotations
 
+import copy
 import functools
 import os
 import threading
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -53,9 +54,53 @@ class Hit:
         return f"{self.source}:{self.line}" if self.line else self.source
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
+        """The hit as plain data (JSON-ready), with its location. The metadata is a copy; the
+        explanation is the hit's own (built for this hit alone, thousands of small records a
+        hit: copying them cost ten times what explaining does)."""
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d["metadata"] = copy.deepcopy(self.metadata)
         d["location"] = self.location
         return d
+
+
+_LATER = threading.Lock()  # one deferred explanation finished at a time
+
+
+def _get_explanation(self) -> dict[str, Any] | None:
+    """Why it matched, with explain=True (see semsearch/explain.py). Every number is worked out
+    by the search; the per-token and per-word records (hundreds of small dicts a hit) are built
+    on first access, once, so a caller that reads no explanation (or only some) pays for none."""
+    d = self.__dict__
+    if d.get("_later") is not None:
+        with _LATER:
+            later = d.get("_later")
+            if later is not None:
+                later()
+                d["_later"] = None
+    return d.get("_explanation")
+
+
+def _set_explanation(self, value: dict[str, Any] | None) -> None:
+    self.__dict__["_later"] = None
+    self.__dict__["_explanation"] = value
+
+
+def _defer_explanation(self, value: dict[str, Any], finish) -> None:
+    """Set an explanation whose records `finish()` fills in on first access (explain.explain_hits)."""
+    self.__dict__["_explanation"] = value
+    self.__dict__["_later"] = finish
+
+
+def _hit_state(self) -> dict[str, Any]:
+    _get_explanation(self)  # finished before the hit is copied or pickled
+    d = dict(self.__dict__)
+    d.pop("_later", None)
+    return d
+
+
+Hit.explanation = property(_get_explanation, _set_explanation)  # type: ignore[assignment]
+Hit.defer_explanation = _defer_explanation  # type: ignore[attr-defined]
+Hit.__getstate__ = _hit_state  # type: ignore[attr-defined]
 
 
 @functools.lru_cache(maxsize=65536)

@@ -32,6 +32,18 @@ def dump(folder: Path) -> tuple[list[tuple], np.ndarray, list[tuple]]:
     return rows, vecs, files
 
 
+def kept_tables(folder: Path) -> list[tuple[str, np.ndarray]]:
+    """(text, token table kept beside its states) of every live chunk, by id."""
+    from semsearch.store.kept import TOKEN_COLS, tokens_name
+    from semsearch.store.segments import read_rows
+
+    out = []
+    for _, text, file, off, n in read_rows(folder, Manifest.load(folder), "c.text, c.state_file, c.state_off, c.state_len"):
+        rows = np.fromfile(folder / "states" / tokens_name(file), np.int32).reshape(-1, TOKEN_COLS)
+        out.append((text, rows[off : off + n]))
+    return out
+
+
 def faiss_ids(folder: Path) -> np.ndarray:
     """The live ids every segment's FAISS index holds, sorted."""
     import faiss
@@ -101,6 +113,12 @@ def test_shards_path_builds_ivf_and_keeps_states(sample_copy, tmp_path, real_enc
     index_corpus(sample_copy, b, real_encoder, keep_states=True, vectors=vs, engine=InProcessEngine(real_encoder))
     assert_same_index(a, b, atol=1e-5)
     assert Manifest.load(b).index["type"] == "ivf" and Manifest.load(b).states
+    # both keep each chunk's token table beside its states: the tokenizer's own
+    tables = [kept_tables(f) for f in (a, b)]
+    assert len(tables[0]) > 10 and [t for t, _ in tables[0]] == [t for t, _ in tables[1]]
+    want = real_encoder.token_table([t for t, _ in tables[0]])
+    for (_, ra), (_, rb), w in zip(tables[0], tables[1], want):
+        assert np.array_equal(ra, w) and np.array_equal(rb, w)
     # kept states re-pool to the same vectors in both
     from semsearch.indexing import encoder_for_index
 

@@ -301,3 +301,119 @@ def test_ascii_word_split_is_the_pattern():
         low = t.lower()
         if low.isascii():
             assert set(low.translate(explain_._NOT_WORD).split()) == set(explain_._WORD.findall(low))
+
+
+# ---- token tables kept beside the token states ------------------------------------------------
+def _as_json(hits):
+    import json
+
+    return json.dumps([h.to_dict() for h in hits], sort_keys=True)
+
+
+def test_kept_token_tables_explain_as_tokenising_does(tmp_path, real_encoder, monkeypatch):
+    """An index with --keep-states keeps each chunk's token ids and offsets (states/<n>.tok): an
+    explanation then tokenises nothing, and is the very explanation tokenising gives; where the
+    tables are missing (an index kept before them) or cut short, the hits are tokenised again."""
+    from semsearch.store import kept as kept_
+
+    corpus = corpus_of(tmp_path / "corpus")
+    (corpus / "tricky.txt").write_text("\n\n".join(TRICKY), encoding="utf-8")
+    folder = tmp_path / "idx"
+    index_corpus(corpus, folder, real_encoder, progress=False, keep_states=True)
+    toks = sorted((folder / "states").glob("*.tok"))
+    assert toks and all(p.with_suffix(".f16").exists() for p in toks)
+    r = Retriever.load(folder, encoder=real_encoder)
+    queries = QUERIES + ["caf\u00e9 cr\u00e8me and the [MASK] token", "antidisestablishmentarianism"]
+    calls = []
+    real = explain_._encodings
+    monkeypatch.setattr(explain_, "_encodings", lambda *a: calls.append(1) or real(*a))
+    kept = {(q, m): _as_json(r.search(q, k=6, mode=m, explain=True)) for q in queries for m in ("dense", "hybrid")}
+    assert calls == []  # nothing tokenised
+    assert all('"states": "kept"' in v for v in kept.values())
+    monkeypatch.setattr(kept_, "token_slice", lambda *a: None)  # as an index without token tables
+    again = {(q, m): _as_json(r.search(q, k=6, mode=m, explain=True)) for q in queries for m in ("dense", "hybrid")}
+    assert calls and again == kept
+    monkeypatch.undo()
+    for p in toks:  # cut short: those chunks are tokenised again, with the same result
+        p.write_bytes(p.read_bytes()[: p.stat().st_size // 2])
+    assert {(q, m): _as_json(r.search(q, k=6, mode=m, explain=True)) for q in queries for m in ("dense", "hybrid")} == kept
+
+
+def test_token_table_is_the_tokenizers_own(real_encoder):
+    texts = TRICKY + [p.read_text(encoding="utf-8") for p in sorted((SAMPLE / "banking").glob("*"))[:3]]
+    for t, e in zip(real_encoder.token_table(texts), real_encoder.tokenizer.encode_batch(texts)):
+        assert t.dtype == np.int32 and t[:, 0].tolist() == e.ids
+        special = np.asarray(e.special_tokens_mask, bool)
+        assert (t[special, 1:] == -1).all() and t[~special, 1:].tolist() == [list(o) for i, o in enumerate(e.offsets) if not special[i]]
+    assert len(real_encoder.token_table([TRICKY[-1]])[0]) == real_encoder.max_length
+
+
+def test_token_tables_follow_writes_and_compaction(tmp_path, real_encoder, monkeypatch):
+    """Documents written through the API into an index with kept states get token tables too;
+    compaction keeps every table a live chunk uses and removes the rest."""
+    from semsearch.documents import Document, delete_documents, upsert_documents
+    from semsearch.store.folder import compact
+
+    corpus = tmp_path / "corpus"
+    shutil.copytree(SAMPLE / "faq", corpus / "faq")
+    folder = tmp_path / "idx"
+    index_corpus(corpus, folder, real_encoder, progress=False, keep_states=True)
+    text = "Overdraft fees at the credit union are waived for students under twenty-five."
+    upsert_documents(folder, [Document("fees", text)], real_encoder)
+    upsert_documents(folder, [Document("gone", "A short note that is deleted again.")], real_encoder)
+    delete_documents(folder, ["gone"])
+    compact(folder)
+    names = {p.name for p in (folder / "states").iterdir()}
+    assert names and all(n.rsplit(".", 1)[0] + ".tok" in names for n in names if n.endswith(".f16"))
+    assert all(n.rsplit(".", 1)[0] + ".f16" in names for n in names if n.endswith(".tok"))
+    calls = []
+    real = explain_._encodings
+    monkeypatch.setattr(explain_, "_encodings", lambda *a: calls.append(1) or real(*a))
+    hits = Retriever.load(folder, encoder=real_encoder).search("student overdraft fees", k=3, mode="hybrid", explain=True)
+    assert hits[0].text == text and calls == []
+    d = hits[0].explanation["dense"]
+    assert d["states"] == "kept" and [t["token"] for t in d["tokens"][:3]] == ["[CLS]", "over", "##dra"]
+    assert (d["tokens"][1]["start"], d["tokens"][1]["end"]) == (0, 4)
+    assert [s["text"] for s in d["spans"][:3]] == ["Overdraft", "fees", "at"]
+
+
+def test_explanations_are_finished_once_from_many_threads(mean_index, real_encoder):
+    """A hit's records are built on the first reading of its explanation: hits read from many
+    threads at once all see the same, whole explanation."""
+    import json
+    from concurrent.futures import ThreadPoolExecutor
+
+    r = Retriever.load(mean_index, encoder=real_encoder)
+    want = [json.dumps(h.explanation, sort_keys=True) for h in r.search(QUERIES[0], k=8, mode="hybrid", explain=True)]
+    for _ in range(5):
+        hits = r.search(QUERIES[0], k=8, mode="hybrid", explain=True)
+        with ThreadPoolExecutor(8) as ex:
+            got = list(ex.map(lambda i: json.dumps(hits[i % len(hits)].explanation, sort_keys=True), range(64)))
+        assert got == [want[i % len(hits)] for i in range(64)]
+        assert all(h.explanation["dense"]["tokens"] and h.explanation["dense"]["spans"] for h in hits)
+
+
+def test_term_spans_from_bm25_counts_are_the_full_scan(mean_index, real_encoder):
+    """Where BM25's counts are met by the term words known so far, those occurrences are all of
+    them: the same spans as looking at every word of the text; otherwise the scan runs."""
+    from semsearch.store.segments import read_rows
+    from semsearch.store.manifest import Manifest
+
+    r = Retriever.load(mean_index, encoder=real_encoder)
+    lex = r._gen.lexical(mean_index)
+    rows = list(read_rows(mean_index, Manifest.load(mean_index), "c.text"))
+    used = fell_back = 0
+    for q in QUERIES + ["loans loaned lending", "soup soups cumin onions", "the check checks checked"]:
+        qt = explain_.QueryTerms(lex, q)
+        ids = np.array([cid for cid, _ in rows], np.int64)
+        cols, _ = lex.explain_terms(qt.hashes, ids)
+        for i, (cid, text) in enumerate(rows):
+            tfs = [(h, tf[i]) for h, _, _, tf in cols]
+            fast = explain_._known_term_spans(qt, text, tfs)
+            full = {h: v for h, v in explain_._term_spans(explain_.QueryTerms(lex, q), text).items() if any(h == c[0] for c in cols)}
+            if fast is None:
+                fell_back += 1
+                continue
+            used += 1
+            assert fast == full, (q, text[:80])
+    assert used > 20 and fell_back > 0

@@ -14,6 +14,7 @@ import torch
 
 from semsearch.encoder.hardware import resolve_device, resolve_precision
 from semsearch.encoder.models import DEFAULT_MODEL, default_model_path, fingerprint_folder, resolve_model  # noqa: F401
+from semsearch.encoder.tokens import table_of
 from semsearch.encoder.pooling import AttentionHead, check_pooling, pool
 from semsearch.errors import InputError, ModelError
 from semsearch.progress import bar as progress_bar
@@ -145,6 +146,15 @@ class Encoder:
         if self.tokenizer is None:
             raise ModelError("token ids are only available with the native backend")
         return [e.ids for e in self.tokenizer.encode_batch(list(texts))]
+
+    def token_table(self, texts: Sequence[str]) -> list[np.ndarray | None]:
+        """Each text's tokens as its states are encoded (framed, truncated at max_length): (T, 3)
+        int32 rows of token id, character start and end (-1, -1 for special tokens). Kept beside
+        the token states (--keep-states), so an explanation need not tokenise again. None for
+        each text where the encoder has no tokenizer of its own (sentence-transformers backend)."""
+        if self.tokenizer is None:
+            return [None] * len(texts)
+        return table_of(self.tokenizer, texts)
 
     def token_offsets(self, text: str) -> list[tuple[int, int]]:
         """(start, end) character offsets of each content token of text, without truncation."""

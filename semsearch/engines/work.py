@@ -17,8 +17,10 @@ from typing import Any, Callable
 
 import numpy as np
 
+from semsearch.encoder.tokens import token_table
 from semsearch.engines.spec import EncodeSpec
 from semsearch.errors import ModelError, SemsearchError
+from semsearch.store.kept import token_rows
 
 NONE = -1  # row / line / doc sentinel: the shard columns are never null
 
@@ -27,7 +29,8 @@ COLUMNS = ("seq", "doc", "ord", "row", "start", "end", "line", "text", "metadata
 
 
 def schema(with_vectors: bool = True):
-    """The Arrow schema of a shard (vector: float32 bytes (D,); state: fp16 bytes (T, D) or empty)."""
+    """The Arrow schema of a shard (vector: float32 bytes (D,); state: fp16 bytes (T, D) or empty;
+    tokens: int32 bytes (T, 3), the token table kept beside the states, or empty)."""
     import pyarrow as pa
 
     fields = [("seq", pa.int64()), ("doc", pa.int64()), ("ord", pa.int64()), ("row", pa.int64()),
@@ -35,7 +38,7 @@ def schema(with_vectors: bool = True):
               ("metadata", pa.string()), ("status", pa.string()), ("hash", pa.string()), ("info", pa.string()),
               ("documents", pa.int64()), ("chunks", pa.int64())]
     if with_vectors:
-        fields += [("vector", pa.binary()), ("state", pa.binary())]
+        fields += [("vector", pa.binary()), ("state", pa.binary()), ("tokens", pa.binary())]
     return pa.schema(fields)
 
 
@@ -94,19 +97,23 @@ def embed_table(table, encoder, keep_states: bool):
     pick = np.flatnonzero(doc >= 0)
     vectors: list[bytes] = [b""] * len(doc)
     states: list[bytes] = [b""] * len(doc)
+    tokens: list[bytes] = [b""] * len(doc)
     if len(pick):
         chunk_texts = [texts[i] for i in pick]
         if keep_states:
             vecs, sts = encoder.encode_with_states(chunk_texts, progress=False)
+            tables = token_table(encoder, chunk_texts)
             for j, i in enumerate(pick):
                 states[i] = np.ascontiguousarray(sts[j], np.float16).tobytes()
+                tokens[i] = token_rows(tables[j], len(sts[j])).tobytes()
         else:
             vecs = encoder.encode(chunk_texts, progress=False)
         for j, i in enumerate(pick):
             vectors[i] = np.ascontiguousarray(vecs[j], np.float32).tobytes()
     table = table.select(list(COLUMNS))
     table = table.append_column("vector", pa.array(vectors, pa.binary()))
-    return table.append_column("state", pa.array(states, pa.binary()))
+    table = table.append_column("state", pa.array(states, pa.binary()))
+    return table.append_column("tokens", pa.array(tokens, pa.binary()))
 
 
 @functools.lru_cache(maxsize=2)

@@ -20,6 +20,7 @@ from semsearch.errors import IndexFormatError, IndexLocked
 from semsearch.store import integrity, lexical
 from semsearch.store.files import DATA_FILE, DB_ERRORS, damaged, fsync_dir, fsync_file, manifest_stamp
 from semsearch.store.docstore import DocStore, StoredFile
+from semsearch.store.kept import StatesFile, files_of
 from semsearch.store.manifest import FORMAT_VERSION, MANIFEST, Manifest
 from semsearch.store.segments import (SegmentedDocs, SegmentedVectors, Tombstones, live_counts, live_files, open_parts,
                                       segment_entry, select_sql)
@@ -244,8 +245,7 @@ class IndexWriter:
         self.vectors = VectorIndex.create(dim, kind)
         self.index_entry: dict | None = None  # the new segment's vector index entry (finalize_vectors)
         self.states_file = f"{self.gen}.f16"
-        self._states = None  # opened on first append_states()
-        self._states_rows = 0
+        self._states = StatesFile(self.folder, self.states_file)  # opened on the first append_states()
         self.extra: list[dict] = []  # segments written elsewhere (engine workers), published with this write
         self._next_segment = self.seg_id + 1
         try:
@@ -272,19 +272,14 @@ class IndexWriter:
         return {"chunk": int(ids["chunk"]), "file": int(ids["file"])}
 
     # ---- kept token states: append-only raw fp16 files under states/, shared by generations ----
-    def append_states(self, states: np.ndarray) -> tuple[str, int, int]:
-        """Append one text's token states (T, D); gives back (file, first row, T) for its chunk row."""
-        if self._states is None:
-            (self.folder / "states").mkdir(exist_ok=True)
-            self._states = open(self.folder / "states" / self.states_file, "wb")  # truncates an interrupted run's leftover
-        ref = (self.states_file, self._states_rows, int(states.shape[0]))
-        self._states.write(np.ascontiguousarray(states, np.float16).tobytes())
-        self._states_rows += int(states.shape[0])
-        return ref
+    def append_states(self, states: np.ndarray, tokens: np.ndarray | None = None) -> tuple[str, int, int]:
+        """Append one text's token states (T, D) and its token table (T, 3: id, start, end, as
+        Encoder.token_table gives); gives back (file, first row, T) for its chunk row."""
+        return self._states.append(states, tokens)
 
     def read_states(self, file: str, dim: int) -> np.ndarray:
         """A memory map (rows, dim) fp16 of a states file."""
-        if self._states is not None and file == self.states_file:
+        if file == self.states_file:
             self._states.flush()
         return np.memmap(self.folder / "states" / file, dtype=np.float16, mode="r").reshape(-1, dim)
 
@@ -333,10 +328,7 @@ class IndexWriter:
         `index` entry is taken as the new segment's (finalize_vectors)."""
         from semsearch.store import merge as merge_
 
-        if self._states is not None:
-            self._states.flush()
-            os.fsync(self._states.fileno())
-            self._states.close()
+        self._states.finish()
         new_counts = self.new_docs.counts()
         new_states = sorted(self.new_docs.state_files())
         next_chunk = max([self.next_ids["chunk"], _seq(self.new_docs, "chunks") + 1] + [e["max_id"] + 1 for e in self.extra if e["max_id"] is not None])
@@ -414,6 +406,7 @@ class IndexWriter:
                     store.close()
                 except DB_ERRORS:
                     return  # keep everything rather than guess
+        used = files_of(used)
         for p in states.iterdir():
             if p.name not in used:
                 p.unlink()
@@ -422,13 +415,12 @@ class IndexWriter:
         try:
             self.new_docs.close()
         finally:
-            if self._states is not None:
-                self._states.close()
+            self._states.unlink()
             self._close_base()
-            for f in (self.docs_file, self.vectors_file, f"states/{self.states_file}"):
+            for f in (self.docs_file, self.vectors_file):
                 (self.folder / f).unlink(missing_ok=True)
             for e in self.extra:
-                for f in [e["docs"], e["vectors"]] + [f"states/{s}" for s in e.get("states", [])]:
+                for f in [e["docs"], e["vectors"]] + [f"states/{s}" for s in sorted(files_of(e.get("states", [])))]:
                     (self.folder / f).unlink(missing_ok=True)
             self._release()
 

@@ -8,7 +8,6 @@ worker that dies leaves files the next writer removes.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -17,6 +16,7 @@ import numpy as np
 from semsearch.store import lexical
 from semsearch.store.docstore import DocStore
 from semsearch.store.files import fsync_file
+from semsearch.store.kept import StatesFile
 from semsearch.store.segments import segment_entry
 from semsearch.store.vectors import VectorIndex
 
@@ -26,16 +26,14 @@ def write_segment(folder: Path, seg_id: int, dim: int, files: list[dict[str, Any
                   target_recall: float = 0.95, state_dim: int | None = None, params: dict | None = None) -> dict[str, Any]:
     """Write segment `seg_id` into `folder`: `files` are file records with their ids (id, path,
     hash, size, mtime_ns, ctime_ns, inode, documents, indexed_at); `chunks` yields (chunk id,
-    file id, ChunkRow, vector, token states or None) in id order. Gives back its manifest entry."""
+    file id, ChunkRow, vector, token states (T, D) or (token states, token table (T, 3)) or None) in id order. Gives back its manifest entry."""
     from semsearch.store.merge import build_vectors
 
     folder = Path(folder)
     docs_file, vectors_file = f"docs.{seg_id}.sqlite", f"vectors.{seg_id}.faiss"
-    states_name = f"{seg_id}.f16"
+    kept = StatesFile(folder, f"{seg_id}.f16")
     store = DocStore(folder / docs_file, unpublished=True)  # fsynced before a manifest names it
     vi = VectorIndex.create(dim, "flat")
-    states_fh = None
-    states_rows = 0
     try:
         db = store.db
         db.executemany("INSERT INTO files (id, path, hash, size, mtime_ns, ctime_ns, inode, documents, indexed_at)"
@@ -46,13 +44,8 @@ def write_segment(folder: Path, seg_id: int, dim: int, files: list[dict[str, Any
         vecs: list[np.ndarray] = []
         for cid, file_id, r, v, st in chunks:
             ref = (None, None, None)
-            if st is not None:
-                if states_fh is None:
-                    (folder / "states").mkdir(exist_ok=True)
-                    states_fh = open(folder / "states" / states_name, "wb")
-                ref = (states_name, states_rows, int(st.shape[0]))
-                states_fh.write(np.ascontiguousarray(st, np.float16).tobytes())
-                states_rows += int(st.shape[0])
+            if st is not None:  # token states, or (token states, token table)
+                ref = kept.append(*st) if isinstance(st, tuple) else kept.append(st)
             db.execute("INSERT INTO chunks (id, file_id, row, ord, start, end, line, text, metadata, vector, state_file,"
                        " state_off, state_len, lex, lex_len) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                        (int(cid), int(file_id), r.row, r.ord, r.start, r.end, r.line, r.text,
@@ -65,14 +58,11 @@ def write_segment(folder: Path, seg_id: int, dim: int, files: list[dict[str, Any
         vi, index = build_vectors(store, dim, requested, store.counts()["chunks"], target_recall, params=params, current=vi)
         store.write_lexical()
         store.commit()
-        if states_fh is not None:
-            states_fh.flush()
-            os.fsync(states_fh.fileno())
+        kept.finish()
         vi.save(folder / vectors_file)
         for name in (docs_file, vectors_file):
             fsync_file(folder / name)
-        return segment_entry(folder, seg_id, store, vi, index, [states_name] if states_fh is not None else [])
+        return segment_entry(folder, seg_id, store, vi, index, [kept.name] if kept.opened else [])
     finally:
         store.close()
-        if states_fh is not None:
-            states_fh.close()
+        kept.close()
