@@ -12,7 +12,8 @@ explained one with kept states and, for the first --reencode-queries queries, th
 re-encoding the hits; each ratio divides by the plain p50 over the same queries. An explained
 search works out every number; the per-token and per-word records are built when a hit's
 explanation is first read, so two more ratios are given: with every explanation read, and a
-search turned into the server's JSON (Hit.to_dict, json.dumps) with and without explain.
+search turned into the server's JSON body (Hit.to_dict, the server's renderer) with and
+without explain.
 """
 from __future__ import annotations
 
@@ -127,10 +128,16 @@ def main() -> None:
         del hits
         return took + time.perf_counter() - t
 
+    try:  # the server's own renderer (orjson where the serve extra is installed)
+        from semsearch.serve import _render as render
+    except ImportError:
+        def render(payload):
+            return json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
     def as_json(q: str, mode: str, explain_: bool) -> float:
-        """Seconds of a search and its hits as the server's JSON (Hit.to_dict, json.dumps)."""
+        """Seconds of a search and its hits as the server's JSON body (Hit.to_dict, its renderer)."""
         t = time.perf_counter()
-        json.dumps([h.to_dict() for h in r.search(q, k=k, mode=mode, explain=explain_)])
+        render({"query": q, "hits": [h.to_dict() for h in r.search(q, k=k, mode=mode, explain=explain_)]})
         return time.perf_counter() - t
 
     for i, q in enumerate(queries):
@@ -165,6 +172,7 @@ def main() -> None:
         "read_p50_ms": {mode: p50(times[f"{mode}_explain_read"]) for mode in ("dense", "hybrid")},
         "read_ratio_p50": {mode: ratio(times[f"{mode}_explain_read"], times[f"{mode}_plain"]) for mode in ("dense", "hybrid")},
         "json_p50_ms": {f"{mode}_{w}": p50(times[f"{mode}_{w}_json"]) for mode in ("dense", "hybrid") for w in ("plain", "explain")},
+        "json_renderer": render.__module__,
         "json_ratio_p50": {mode: ratio(times[f"{mode}_explain_json"], times[f"{mode}_plain_json"]) for mode in ("dense", "hybrid")},
         "reencode": {"queries": len(times["dense_explain_encoded"]),
                      **{f"{mode}_{w}_p50_ms": p50(times[f"{mode}_{key}"]) for mode in ("dense", "hybrid")

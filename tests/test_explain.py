@@ -2,6 +2,7 @@
 model over the bundled sample corpus, for every mode and for mean, max, cls and head pooling."""
 from __future__ import annotations
 
+import collections
 import math
 import shutil
 
@@ -297,10 +298,11 @@ def test_fp16_states_widen_exactly():
 
 def test_ascii_word_split_is_the_pattern():
     texts = TRICKY + [p.read_text(encoding="utf-8") for p in sorted((SAMPLE / "cooking").glob("*"))]
+    texts.append("".join(chr(i) for i in range(128)) + " a" + "".join(f"{chr(i)}b{i}" for i in range(128)))
     for t in texts:
         low = t.lower()
         if low.isascii():
-            assert set(low.translate(explain_._NOT_WORD).split()) == set(explain_._WORD.findall(low))
+            assert explain_._ascii_words(low) == set(explain_._WORD.findall(low))
 
 
 # ---- token tables kept beside the token states ------------------------------------------------
@@ -393,27 +395,31 @@ def test_explanations_are_finished_once_from_many_threads(mean_index, real_encod
         assert all(h.explanation["dense"]["tokens"] and h.explanation["dense"]["spans"] for h in hits)
 
 
-def test_term_spans_from_bm25_counts_are_the_full_scan(mean_index, real_encoder):
+def test_term_spans_from_bm25_counts_are_the_full_scan(mean_index, real_encoder, monkeypatch):
     """Where BM25's counts are met by the term words known so far, those occurrences are all of
     them: the same spans as looking at every word of the text; otherwise the scan runs."""
-    from semsearch.store.segments import read_rows
-    from semsearch.store.manifest import Manifest
+    from semsearch.store import lexical
 
-    r = Retriever.load(mean_index, encoder=real_encoder)
-    lex = r._gen.lexical(mean_index)
-    rows = list(read_rows(mean_index, Manifest.load(mean_index), "c.text"))
-    used = fell_back = 0
-    for q in QUERIES + ["loans loaned lending", "soup soups cumin onions", "the check checks checked"]:
-        qt = explain_.QueryTerms(lex, q)
-        ids = np.array([cid for cid, _ in rows], np.int64)
-        cols, _ = lex.explain_terms(qt.hashes, ids)
-        for i, (cid, text) in enumerate(rows):
-            tfs = [(h, tf[i]) for h, _, _, tf in cols]
-            fast = explain_._known_term_spans(qt, text, tfs)
-            full = {h: v for h, v in explain_._term_spans(explain_.QueryTerms(lex, q), text).items() if any(h == c[0] for c in cols)}
-            if fast is None:
-                fell_back += 1
-                continue
-            used += 1
-            assert fast == full, (q, text[:80])
-    assert used > 20 and fell_back > 0
+    lex = Retriever.load(mean_index, encoder=real_encoder)._gen.lexical(mean_index)
+    texts = TRICKY + [p.read_text(encoding="utf-8") for p in sorted(SAMPLE.rglob("*.md")) + sorted(SAMPLE.rglob("*.txt"))]
+    texts += ["Caf\u00e9 LOANS, na\u00efve loan\u2019s lenders; \u0130stanbul loans", "\u00b2loan loan\u00b2 loan_x x_loan loan"]
+    queries = QUERIES + ["loans loaned lending", "soup soups cumin onions", "the check checks checked", "caf\u00e9 loan istanbul"]
+    used = fell_back = wide = 0
+    for q in queries:
+        for fresh in (True, False):  # with no word met yet, then with every word of the texts met
+            if fresh:
+                monkeypatch.setattr(explain_, "_TERMS", {})
+                monkeypatch.setattr(explain_, "_FORMS", {})
+            for text in texts:
+                qt = explain_.QueryTerms(lex, q)
+                counts = collections.Counter(lexical.terms(text))  # what BM25 counts for this text
+                tfs = [(h, counts[h]) for h in qt.hashes.tolist()]
+                fast = explain_._known_term_spans(qt, text, tfs)
+                full = explain_._term_spans(explain_.QueryTerms(lex, q), text)
+                if fast is None:
+                    fell_back += 1
+                    continue
+                used += 1
+                wide += not text.isascii() and bool(fast)
+                assert fast == full, (q, text[:80])
+    assert used > 50 and fell_back > 0 and wide > 0

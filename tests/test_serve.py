@@ -444,3 +444,19 @@ def test_an_upsert_that_changes_nothing_publishes_no_generation(fake_server):
         assert c.get("/health").json()["generation"] == first["generation"]
         changed = c.post("/documents", json={"documents": [{"id": "same", "text": "an unchanging note about kelp", "metadata": {"v": 2}}]}).json()
         assert changed["updated"] == 1 and changed["generation"] == first["generation"] + 1  # metadata counts as a change
+
+
+def test_rendered_json_is_the_standard_librarys():
+    """Responses go out through orjson where installed: the same JSON values as the standard
+    library's, and the standard library's where orjson refuses (a lone surrogate, a big integer)."""
+    import json
+
+    from semsearch import serve
+
+    assert serve._orjson is not None  # the serve extra holds it
+    payload = {"hits": [{"score": 0.1 + 0.2, "tiny": 1e-300, "neg": -0.0, "text": "caf\u00e9 \u4e2d <script>", "n": 2**63 - 1,
+                         "metadata": {"year": 2010, "tags": ["a", "b"], "nested": {"x": None, "y": True}}}]}
+    assert json.loads(serve._render(payload)) == payload
+    odd = {"text": "lone \ud800 surrogate", "big": 2**70}
+    out = serve._render(odd)
+    assert json.loads(out) == odd and b"\\ud800" in out
