@@ -438,7 +438,8 @@ def dense_terms(pooling: str, states: np.ndarray, q: np.ndarray, head=None) -> t
 
 def _token_records(tok: _Tokens, terms: np.ndarray) -> list[dict[str, Any]]:
     recs = [{"token": t, "start": a, "end": b, "contribution": c}
-            for t, (a, b), c in zip(tok.tokens, tok.off.tolist(), np.asarray(terms, np.float64).tolist())]
+            for t, a, b, c in zip(tok.tokens, tok.off[:, 0].tolist(), tok.off[:, 1].tolist(),
+                                  np.asarray(terms, np.float64).tolist())]
     for j in np.flatnonzero(tok.special).tolist():  # special tokens are at no place in the text
         recs[j]["start"] = recs[j]["end"] = None
     return recs

@@ -74,6 +74,26 @@ class Checker:
 
 
 # ---- the surfaces: each gives (name, fn(call) -> [(id, score)], async fn or None) ------------------
+def check_explanation(h) -> None:
+    """A hit's explanation is there and whole: its records (built when first read) add up."""
+    import math
+
+    e = h.explanation
+    if e is None:
+        raise AssertionError("a hit without its explanation")
+    d = e.get("dense")
+    if d and d.get("exact"):
+        if not d["tokens"] or d["spans"] is None:
+            raise AssertionError(f"dense records missing: {sorted(d)}")
+        if abs(math.fsum(t["contribution"] for t in d["tokens"]) - d["score"]) > 1e-6:
+            raise AssertionError("token contributions do not add up to the dense score")
+    lex = e.get("lexical")
+    if lex and abs(math.fsum(t["contribution"] for t in lex["terms"]) - lex["sum"]) > 1e-9:
+        raise AssertionError("BM25 parts do not add up")
+    if lex and any(t["tf"] and not t["spans"] and h.text.isascii() for t in lex["terms"]):
+        raise AssertionError(f"a matched query term without its place in the text: {lex['terms']}")
+
+
 def retriever_surface(folder, explain: bool = False, fast_start: bool = False):
     from semsearch.search import Retriever
 
@@ -86,8 +106,9 @@ def retriever_surface(folder, explain: bool = False, fast_start: bool = False):
     def run(call):
         q, m, w = call
         hits = r.search(q, 5, mode=m, where=w, explain=explain)
-        if explain and any(h.explanation is None for h in hits):
-            raise AssertionError("a hit without its explanation")
+        if explain:
+            for h in hits:
+                check_explanation(h)
         return key((h.path, h.chunk, h.score) for h in hits)
 
     return run

@@ -61,6 +61,22 @@ def test_retriever_threads_and_asyncio_with_writes(index):
     run(index, "retriever", "asyncio", "explain", "oneshot")
 
 
+@pytest.fixture(scope="module")
+def kept_index(tmp_path_factory, real_encoder, index):
+    """The same corpus kept with its token states and token tables (--keep-states): explaining
+    reads them from the mapped states files, and the writer's documents add more."""
+    from semsearch.indexing import index_corpus
+
+    folder = tmp_path_factory.mktemp("conc_kept") / "index"
+    index_corpus(index.parent / "corpus", folder, real_encoder, progress=False, keep_states=True)
+    assert any(folder.joinpath("states").glob("*.tok"))
+    return folder
+
+
+def test_explain_from_kept_states_threads_and_asyncio_with_writes(kept_index):
+    run(kept_index, "explain")
+
+
 def test_http_endpoints_with_writes(index):
     pytest.importorskip("fastapi")
     pytest.importorskip("uvicorn")
