@@ -98,6 +98,8 @@ def _hit_state(self) -> dict[str, Any]:
     return d
 
 
+# Set after the class: the dataclass keeps `explanation` a field (in __init__, repr, ==, to_dict),
+# and the property behind it finishes a deferred explanation on first reading.
 Hit.explanation = property(_get_explanation, _set_explanation)  # type: ignore[assignment]
 Hit.defer_explanation = _defer_explanation  # type: ignore[attr-defined]
 Hit.__getstate__ = _hit_state  # type: ignore[attr-defined]
