@@ -85,6 +85,20 @@ def test_auto_on_avx2_is_int8_and_matches_fp32(avx2_auto_encoder, real_encoder):
         np.testing.assert_allclose(enc.encode([texts[i]])[0], together[i], atol=1e-6)
 
 
+def test_int8_stream_gives_each_texts_own_states(avx2_auto_encoder):
+    """OnnxStates.stream (many texts, the cores kept busy ahead of the caller) gives, in order,
+    the very states each text gets run alone; a caller may stop early."""
+    states = avx2_auto_encoder.onnx
+    ids = [np.asarray(x, np.int64) for x in avx2_auto_encoder.tokenize(_texts())]
+    alone = [states.each([x])[0] for x in ids]
+    for ahead in (1, 3, 100):
+        got = list(states.stream(ids, ahead))
+        assert len(got) == len(ids) and all(np.array_equal(a, b) for a, b in zip(got, alone))
+    it = states.stream(ids, 4)
+    assert np.array_equal(next(it), alone[0])
+    it.close()  # the rest cancelled, nothing left running that matters
+
+
 def test_int8_model_cached_by_fingerprint(avx2_auto_encoder):
     from semsearch.encoder import Encoder
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import logging
 import os
@@ -177,6 +178,10 @@ class Encoder:
         order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
         bar = progress_bar(len(ids), "embedding", "text", progress)
         start = 0
+        # int8: every text runs alone; the cores take them in this order without waiting for a
+        # batch to be pooled (OnnxStates.stream), a few batches ahead
+        ahead = 8 * self.onnx.threads if self.onnx is not None else 0
+        stream = self.onnx.stream([np.asarray(ids[i], np.int64) for i in order], ahead) if self.onnx is not None else None
         with torch.inference_mode():
             while start < len(order):
                 # Pad T up to a multiple of self._pad: for bf16 a handful of distinct shapes instead of
@@ -197,8 +202,8 @@ class Encoder:
                     lens[r] = len(ids[i])
                 batch = torch.from_numpy(arr)
                 mask = (torch.arange(T)[None, :] < torch.from_numpy(lens)[:, None]).long()  # (B, T)
-                if self.onnx is not None:
-                    yield Batch(idx, torch.from_numpy(self._onnx_each(arr, lens)), mask)
+                if stream is not None:
+                    yield Batch(idx, torch.from_numpy(self._onnx_states(itertools.islice(stream, len(idx)), arr.shape)), mask)
                 else:
                     batch, mask = batch.to(self.device), mask.to(self.device)
                     yield Batch(idx, self.model(batch, mask), mask)
@@ -295,13 +300,13 @@ class Encoder:
             texts = [texts]
         return self.encode_many(texts, [self.pooling], progress)[self.pooling]
 
-    def _onnx_each(self, arr: np.ndarray, lens: np.ndarray) -> np.ndarray:
-        """int8 token states (B, T, D), each text run alone at its own length. Dynamic
-        quantisation sets the activations' scale per run: run together, a text's vector moved
-        with its batch mates (cosine 0.994 alone vs in a batch of 48); alone it is always the
-        same, and there is no padding to compute."""
-        out = np.zeros(arr.shape + (self.dim,), np.float32)
-        for r, st in enumerate(self.onnx.each([arr[r, :n] for r, n in enumerate(lens.tolist())])):
+    def _onnx_states(self, states, shape: tuple[int, int]) -> np.ndarray:
+        """int8 token states (B, T, D) from each text's own (T_i, D), each text run alone at its
+        own length (OnnxStates). Dynamic quantisation sets the activations' scale per run: run
+        together, a text's vector moved with its batch mates (cosine 0.994 alone vs in a batch of
+        48); alone it is always the same, and there is no padding to compute."""
+        out = np.zeros(shape + (self.dim,), np.float32)
+        for r, st in enumerate(states):
             out[r, : len(st)] = st
         return out
 
