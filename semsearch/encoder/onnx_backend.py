@@ -250,9 +250,10 @@ class OnnxStates:
         """each(texts) given back one text at a time, in order, while the cores go on: up to
         `ahead` texts run beyond the one given back. A caller that works on its results in
         batches (pooling) then never leaves a core idle at the end of each batch, nor both while
-        it pools: 200 SciFact documents, 2 cores, `Encoder.encode`: 83.0 against 74.9 documents/s
-        a batch at a time (interleaved, load 1.3-1.6). The states
-        are the same as each()'s (each text alone on a one-thread session)."""
+        it pools. On 2 cores that is worth little (260 SciFact documents, `Encoder.encode`, fresh
+        processes: 83.7-83.9 against 81.1-84.0 documents/s a batch at a time); the idle tails
+        grow with the cores. The states are the same as each()'s (each text alone on a one-thread
+        session)."""
         if self.threads < 2 or len(texts) < 2 * self.threads:
             yield from self.each(list(texts))
             return
