@@ -99,6 +99,19 @@ def test_int8_stream_gives_each_texts_own_states(avx2_auto_encoder):
     it.close()  # the rest cancelled, nothing left running that matters
 
 
+def test_int8_encode_from_many_threads_at_once(avx2_auto_encoder):
+    """Several threads encoding many texts with one int8 encoder at once (their texts streamed
+    through one pool of workers) each get the vectors a lone call gives."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    texts = _texts()
+    want = avx2_auto_encoder.encode(texts)
+    with ThreadPoolExecutor(4) as ex:
+        got = list(ex.map(lambda i: avx2_auto_encoder.encode(texts[i:] + texts[:i]), range(4)))
+    for i, g in enumerate(got):
+        assert np.array_equal(g, np.roll(want, -i, axis=0))
+
+
 def test_int8_model_cached_by_fingerprint(avx2_auto_encoder):
     from semsearch.encoder import Encoder
 
