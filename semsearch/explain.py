@@ -255,8 +255,23 @@ def _mapped(path: Path, dtype, cols: int) -> np.ndarray | None:
     with _MAPS_LOCK:
         if len(_MAPS) >= _MAPS_MAX:
             _MAPS.clear()  # the arrays in use stay mapped while referenced
+        _forget_gone()
         _MAPS[key] = arr
     return arr
+
+
+def _forget_gone() -> None:
+    """Drop the maps of files removed or replaced since (a merge or compaction removes the states
+    files no segment names): a mapped file keeps its disk space until unmapped. Run when a new
+    file is mapped, which is when a write has made new files (a stat per mapped file)."""
+    for k in list(_MAPS):
+        try:
+            st = os.stat(k[0])
+        except OSError:
+            del _MAPS[k]
+            continue
+        if (st.st_ino, st.st_size, st.st_mtime_ns) != k[1:]:
+            del _MAPS[k]
 
 
 def _kept_states(g, folder: Path, ids: Sequence[int]) -> dict[int, tuple[np.ndarray, np.ndarray | None]]:

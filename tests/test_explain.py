@@ -382,6 +382,22 @@ def test_token_tables_follow_writes_and_compaction(tmp_path, real_encoder, monke
     assert [s["text"] for s in d["spans"][:3]] == ["Overdraft", "fees", "at"]
 
 
+def test_mapped_states_files_are_let_go_once_removed(tmp_path):
+    """A states file a compaction removed is unmapped when the next file is mapped (a mapped file
+    keeps its disk space), and a file rewritten under the same name is mapped anew."""
+    a, b = tmp_path / "1.f16", tmp_path / "2.f16"
+    a.write_bytes(np.arange(8, dtype=np.float16).tobytes())
+    b.write_bytes(np.ones(8, np.float16).tobytes())
+    assert explain_._mapped(a, np.float16, 4).tolist() == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert any(k[0] == str(a) for k in explain_._MAPS)
+    a.unlink()
+    explain_._mapped(b, np.float16, 4)
+    assert not any(k[0] == str(a) for k in explain_._MAPS) and any(k[0] == str(b) for k in explain_._MAPS)
+    b.write_bytes(np.full(12, 2, np.float16).tobytes())  # the same name, other bytes
+    assert explain_._mapped(b, np.float16, 4).tolist() == [[2, 2, 2, 2]] * 3
+    assert sum(k[0] == str(b) for k in explain_._MAPS) == 1
+
+
 def test_explanations_are_finished_once_from_many_threads(mean_index, real_encoder):
     """A hit's records are built on the first reading of its explanation: hits read from many
     threads at once all see the same, whole explanation."""
