@@ -24,7 +24,6 @@ explanation for a terminal; the search page of `semsearch serve` renders the sam
 from __future__ import annotations
 
 import functools
-import itertools
 import json
 import mmap
 import os
@@ -37,6 +36,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from semsearch import fusion as fusion_
+from semsearch.encoder.tokens import encoding_table
 from semsearch.store import kept as kept_
 from semsearch.store import lexical as lexical_
 
@@ -50,8 +50,8 @@ class _Tokens:
     """One text's tokens as the encoder saw them: states (T, D) float32, their ids, their
     character offsets in the text (`off`, (T, 2); -1 for [CLS], [SEP] and other special tokens),
     which are special, which continue a word ('##s'), and whether the text goes on past the
-    model's max length (that part is not in the vector). Their strings and their starts and ends
-    as lists (None for special tokens) are made when asked for: only records need them."""
+    model's max length (that part is not in the vector). Their strings are made when asked for:
+    only records need them."""
 
     __slots__ = ("states", "ids", "names", "off", "special", "cont", "text", "source", "truncated")
 
@@ -65,14 +65,6 @@ class _Tokens:
         """Each token's string: names, a list of them or the vocabulary's strings to index by id."""
         names = self.names
         return [names[j] for j in self.ids.tolist()] if isinstance(names, _Vocabulary) else list(names)
-
-    @property
-    def starts(self) -> list[int | None]:
-        return [None if sp else a for a, sp in zip(self.off[:, 0].tolist(), self.special.tolist())]
-
-    @property
-    def ends(self) -> list[int | None]:
-        return [None if sp else b for b, sp in zip(self.off[:, 1].tolist(), self.special.tolist())]
 
 
 class _Vocabulary(list):
@@ -199,11 +191,6 @@ def _encode_states(encoder, texts: Sequence[str]) -> list[np.ndarray]:
 
 
 _GRAIN = 32768  # elements: torch runs a copy this small on the calling thread
-
-
-def _widen(a: np.ndarray) -> np.ndarray:
-    """fp16 -> float32 (exact either way); see _widen_parts."""
-    return _widen_parts([a.reshape(-1, a.shape[-1]) if a.ndim else a.reshape(1, 1)], a.shape[-1] if a.ndim else 1).reshape(a.shape)
 
 
 def _widen_parts(parts: Sequence[np.ndarray], dim: int) -> np.ndarray:
@@ -338,24 +325,12 @@ def _explainable(encoder) -> bool:
     return _tokenizer(encoder) is not None and (hasattr(encoder, "iter_states") or hasattr(encoder, "_forward"))
 
 
-def _table(e) -> np.ndarray:
-    """An encoding as a token table (T, 3): id, start, end (-1, -1 for special tokens), as
-    Encoder.token_table keeps it beside the states."""
-    n = len(e.ids)
-    t = np.empty((n, 3), np.int64)
-    t[:, 0] = e.ids
-    if n:
-        t[:, 1:] = np.fromiter(itertools.chain.from_iterable(e.offsets), np.int64, 2 * n).reshape(n, 2)
-        t[np.fromiter(e.special_tokens_mask, bool, n), 1:] = -1
-    return t
-
-
-def hit_tokens(encoder, texts: Sequence[str], kept: Sequence[np.ndarray | None] | None = None, encs=None,
+def hit_tokens(encoder, texts: Sequence[str], kept: Sequence[np.ndarray | None] | None = None,
                tables: Sequence[np.ndarray | None] | None = None) -> list[_Tokens | None]:
     """Tokens and states for each text: the kept states where given (and of the right length),
     else encoded now, all of them in one encoder pass; None for every text where the encoder
     cannot give token states. tables: the token tables kept beside the kept states (a text with
-    one is not tokenised again); encs: the other texts' _encodings where the caller has them."""
+    one is not tokenised again; the others are, in one batched call)."""
     if not _explainable(encoder):
         return [None] * len(texts)
     texts = list(texts)
@@ -366,9 +341,8 @@ def hit_tokens(encoder, texts: Sequence[str], kept: Sequence[np.ndarray | None] 
                                      for t, k in zip(tables, kept)]
     todo = [i for i, t in enumerate(tabs) if t is None]
     if todo:
-        got = encs if encs is not None and len(encs) == len(todo) else _encodings(encoder, [texts[i] for i in todo])
-        for i, e in zip(todo, got):
-            tabs[i] = _table(e)
+        for i, e in zip(todo, _encodings(encoder, [texts[i] for i in todo])):
+            tabs[i] = encoding_table(e)
     need = [i for i, (t, k) in enumerate(zip(tabs, kept)) if k is None or len(k) != len(t)]
     fresh: dict[int, np.ndarray] = {}
     if need:
@@ -377,7 +351,7 @@ def hit_tokens(encoder, texts: Sequence[str], kept: Sequence[np.ndarray | None] 
         fresh = dict(zip(need, got))
     # every text's ids, offsets and special marks as arrays, all texts at once
     lens = [len(t) for t in tabs]
-    allt = np.concatenate(tabs) if tabs else np.zeros((0, 3), np.int64)
+    allt = np.concatenate(tabs) if tabs else np.zeros((0, 3), np.int32)
     n = len(allt)
     ids, off = allt[:, 0], allt[:, 1:]
     special = off[:, 0] < 0

@@ -290,7 +290,7 @@ def test_word_spans_are_the_token_loops(mean_index, real_encoder):
 def test_fp16_states_widen_exactly():
     bits = np.arange(0, 1 << 16, dtype=np.uint32).astype(np.uint16)  # every fp16 value, NaNs and infinities too
     a = np.concatenate([bits, bits[:1000]]).view(np.float16).reshape(-1, 8)
-    wide, plain = explain_._widen(a), a.astype(np.float32)
+    wide, plain = explain_._widen_parts([a[:500], a[500:]], a.shape[1]), a.astype(np.float32)
     num = ~np.isnan(plain)  # (a signalling NaN may come back quiet: a NaN either way)
     assert wide.dtype == np.float32 and np.array_equal(wide.view(np.uint32)[num], plain.view(np.uint32)[num])
     assert np.isnan(wide[~num]).all()

@@ -10,17 +10,20 @@ import numpy as np
 
 
 def table_of(tokenizer, texts: Sequence[str]) -> list[np.ndarray]:
-    """Each text's tokens as `tokenizer` (framed, truncated as it is set) makes them: (T, 3) int32
-    rows of token id, character start and end in the text (-1, -1 for special tokens)."""
-    out = []
-    for e in tokenizer.encode_batch(list(texts)):
-        t = np.empty((len(e.ids), 3), np.int32)
-        t[:, 0] = e.ids
-        if len(e.ids):
-            t[:, 1:] = e.offsets
-            t[np.asarray(e.special_tokens_mask, bool), 1:] = -1
-        out.append(t)
-    return out
+    """Each text's tokens as `tokenizer` (framed, truncated as it is set) makes them: see
+    encoding_table."""
+    return [encoding_table(e) for e in tokenizer.encode_batch(list(texts))]
+
+
+def encoding_table(e) -> np.ndarray:
+    """A tokenizer's encoding as (T, 3) int32 rows of token id, character start and end in the
+    text (-1, -1 for special tokens)."""
+    t = np.empty((len(e.ids), 3), np.int32)
+    t[:, 0] = e.ids
+    if len(e.ids):
+        t[:, 1:] = e.offsets
+        t[np.asarray(e.special_tokens_mask, bool), 1:] = -1
+    return t
 
 
 def token_table(encoder, texts: Sequence[str]) -> list[np.ndarray | None]:

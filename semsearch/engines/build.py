@@ -18,6 +18,7 @@ from semsearch.engines.work import NONE
 from semsearch.errors import SemsearchError
 from semsearch.store.docstore import ChunkRow
 from semsearch.store.folder import now
+from semsearch.store.kept import TOKEN_COLS
 
 log = logging.getLogger(__name__)
 
@@ -229,5 +230,5 @@ def _group_files(paths: list[Path], dim: int, state_dim: int):
         if chunk_idx and cols["state"][chunk_idx[0]]:
             states = [np.frombuffer(cols["state"][i], np.float16).reshape(-1, state_dim) for i in chunk_idx]
             if "tokens" in cols:  # (a shard staged before token tables were kept has none)
-                states = [(st, np.frombuffer(cols["tokens"][i], np.int32).reshape(-1, 3)) for st, i in zip(states, chunk_idx)]
+                states = [(st, np.frombuffer(cols["tokens"][i], np.int32).reshape(-1, TOKEN_COLS)) for st, i in zip(states, chunk_idx)]
         yield int(seq[a]), status, rows, vecs, states
