@@ -5,7 +5,7 @@ interleaved, against one index; report what went wrong as JSON on stdout.
 
 The writer also merges the index's segments (semsearch compact) every few rounds.
 
-Surfaces: retriever, asyncio, explain (Retriever.search with explain=True), oneshot (a
+Surfaces: retriever, asyncio, explain (Retriever.search with explain=True, from threads and asyncio), oneshot (a
 Retriever.load(fast_start=True): numpy query encoder, small segments searched with numpy), http, langchain, llamaindex, haystack. tests/test_concurrency.py
 runs this in a child process with a time limit, because a deadlock inside SQLite can hold the
 interpreter's lock: a test in the same process could then not even notice that it hangs.
@@ -370,7 +370,7 @@ def main() -> None:
     for s, (run, arun) in runners.items():
         if s != "asyncio":
             threads += [threading.Thread(target=thread_work, args=(s, run, j * 7), daemon=True) for j in range(THREADS)]
-        if s in ("asyncio", "oneshot") or arun is not None:
+        if s in ("asyncio", "oneshot", "explain") or arun is not None:
             threads.append(threading.Thread(target=lambda s=s, run=run, arun=arun: asyncio.run(async_work(s, run, arun)),
                                             daemon=True))
     for t in threads:
