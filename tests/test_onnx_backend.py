@@ -85,6 +85,25 @@ def test_auto_on_avx2_is_int8_and_matches_fp32(avx2_auto_encoder, real_encoder):
         np.testing.assert_allclose(enc.encode([texts[i]])[0], together[i], atol=1e-6)
 
 
+def test_int8_vectors_pooled_text_by_text_match_the_padded_batch(avx2_auto_encoder):
+    """int8 with plain poolings pools each text's states as they come back (numpy, no padded
+    batch): the same vectors as pooling the padded batches of iter_states with torch, several
+    poolings from one pass."""
+    import torch
+
+    from semsearch.encoder.pooling import pool
+
+    enc, texts = avx2_auto_encoder, _texts()
+    got = enc.encode_many(texts, ["mean", "cls", "max"], progress=False)
+    want = {p: np.zeros_like(v) for p, v in got.items()}
+    for b in enc.iter_states(texts, progress=False):
+        for p in want:
+            want[p][b.index] = torch.nn.functional.normalize(pool(p, b.states, b.mask), dim=-1).numpy()
+    for p in want:
+        assert not np.array_equal(want[p], np.zeros_like(want[p]))
+        np.testing.assert_allclose(got[p], want[p], atol=2e-6, err_msg=p)
+
+
 def test_int8_stream_gives_each_texts_own_states(avx2_auto_encoder):
     """OnnxStates.stream (many texts, the cores kept busy ahead of the caller) gives, in order,
     the very states each text gets run alone; a caller may stop early."""

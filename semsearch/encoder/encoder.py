@@ -16,7 +16,7 @@ import torch
 from semsearch.encoder.hardware import resolve_device, resolve_precision
 from semsearch.encoder.models import DEFAULT_MODEL, default_model_path, fingerprint_folder, resolve_model  # noqa: F401
 from semsearch.encoder.tokens import table_of
-from semsearch.encoder.pooling import AttentionHead, check_pooling, pool
+from semsearch.encoder.pooling import POOLINGS, AttentionHead, check_pooling, pool
 from semsearch.errors import InputError, ModelError
 from semsearch.progress import bar as progress_bar
 
@@ -244,15 +244,42 @@ class Encoder:
         tower = self.query_tower is not None and "head" in poolings
         passes = [p for p in poolings if not (tower and p == "head")]
         out = {p: np.zeros((len(texts), self._dim_of(p)), np.float32) for p in poolings}
-        if passes or (tower and not queries):
+        wanted = passes + (["head"] if tower and not queries else [])
+        plain = {p: self.pooling if p == "head" and tower else p for p in wanted}
+        if self.onnx is not None and wanted and all(p in POOLINGS for p in plain.values()):
+            self._onnx_vectors(texts, plain, out, progress)
+        elif wanted:
             with _few_threads(self, texts):
                 for b in self.iter_states(texts, progress):
-                    for p in passes + (["head"] if tower and not queries else []):
-                        v = torch.nn.functional.normalize(self.pool(self.pooling if p == "head" and tower else p, b.states, b.mask), dim=-1)
+                    for p, pooling in plain.items():
+                        v = torch.nn.functional.normalize(self.pool(pooling, b.states, b.mask), dim=-1)
                         out[p][b.index] = v.float().cpu().numpy()
         if tower and queries:
             out["head"] = self.encode_queries(texts)
         return out
+
+    def _onnx_vectors(self, texts: list[str], plain: dict[str, str], out: dict[str, np.ndarray], progress: bool | None) -> None:
+        """int8 with plain poolings: each text's states are pooled in numpy as they come back from
+        its core (OnnxStates.stream), longest texts first, instead of being padded into a batch
+        for torch's pooling. Zero-filling and copying a padded (B, T, D) batch, then pooling it,
+        cost ~0.5 ms a SciFact document, 5% of its int8 forward on 2 cores (encode ran at 80.2
+        documents/s against 86.0 for the bare stream). The vectors are the batch path's to ~1e-7
+        (the same states, summed in another order)."""
+        from semsearch.encoder.numpy_encoder import pool_text
+
+        ids = self.tokenize(texts)
+        order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
+        stream = self.onnx.stream([np.asarray(ids[i], np.int64) for i in order], 8 * self.onnx.threads)
+        bar = progress_bar(len(ids), "embedding", "text", progress)
+        shown = 0
+        for n, (i, st) in enumerate(zip(order, stream), 1):
+            for name, pooling in plain.items():
+                v = pool_text(pooling, st)
+                out[name][i] = v / max(float(np.linalg.norm(v)), 1e-12)  # torch's normalize(eps=1e-12)
+            if n - shown >= 32 or n == len(order):
+                bar.update(n - shown)
+                shown = n
+        bar.close()
 
     def encode_queries(self, texts: Sequence[str] | str, progress: bool | None = None) -> np.ndarray:
         """(n, D) normalised vectors of queries: through the trained query layers where this

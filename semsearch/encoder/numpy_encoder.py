@@ -212,13 +212,7 @@ class NumpyEncoder:
         return self._run(self._run(self._embed(ids), self.layers[: t.first]), t.layers)
 
     def _pool(self, states: np.ndarray) -> np.ndarray:
-        if self.pooling == "cls":
-            return states[0]
-        if self.pooling == "mean":
-            return states.mean(0)
-        if self.pooling == "max":
-            return states.max(0)
-        return self.head(states)
+        return self.head(states) if self.pooling == "head" else pool_text(self.pooling, states)
 
     def encode(self, texts: Sequence[str] | str, progress: bool | None = None) -> np.ndarray:
         """(n, D) L2-normalised float32 vectors, one sequence at a time (no padding at all)."""
@@ -239,6 +233,18 @@ class NumpyEncoder:
                 assert v.dtype == np.float32, v.dtype  # no silent float64 promotion
                 out[i] = v / max(float(np.linalg.norm(v)), 1e-12)
         return out
+
+
+def pool_text(pooling: str, states: np.ndarray) -> np.ndarray:
+    """One unpadded text's (T, D) token states -> its (D,) vector with a plain pooling (cls, mean,
+    max), as pooling.py pools a padded batch."""
+    if pooling == "cls":
+        return states[0]
+    if pooling == "mean":
+        return states.mean(0)
+    if pooling == "max":
+        return states.max(0)
+    raise InputError(f"unknown pooling {pooling!r}")
 
 
 class _NumpyTower:
