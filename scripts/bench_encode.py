@@ -2,6 +2,7 @@
 
     python scripts/bench_encode.py [--docs 600] [--queries 2000] [--precision auto] [--device cpu]
     python scripts/bench_encode.py --docs 200 --queries 500 --precision fp32,bf16,int8
+    python scripts/bench_encode.py --cpu-cap avx2 --precision fp32,int8   # as on an AVX2-only CPU
 
 Baseline: SentenceTransformer(<bundled model>).encode(texts, batch_size=32), fp32 on the same device.
 Workloads: SciFact documents (title + text, 256-token truncation) and SciFact queries (short).
@@ -32,6 +33,35 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 REPO = Path(__file__).resolve().parent.parent
 FLAGS_SHOWN = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16", "amx_int8")
 M, K, N = 8192, 384, 1536  # a model-shaped linear layer: (M tokens x 384) -> 1536
+
+
+def run_capped(cap: str) -> None:
+    """Run this script again in a process whose CPUID answers as a lesser CPU would (scripts/cpuid_cap.c):
+    every library then picks the kernels it would pick there, ONNX Runtime's included (it has no cap
+    of its own), and semsearch's `auto` is told the same through SEMSEARCH_CPU_ISA. Needs gcc and a
+    CPU with CPUID faulting (the `cpuid_fault` flag)."""
+    import shutil
+    import subprocess
+    import sys
+
+    if "cpuid_fault" not in Path("/proc/cpuinfo").read_text():
+        raise SystemExit("--cpu-cap needs CPUID faulting (the cpuid_fault flag in /proc/cpuinfo); this CPU or VM has none")
+    if shutil.which("gcc") is None:
+        raise SystemExit("--cpu-cap needs gcc to build scripts/cpuid_cap.c")
+    lib = Path(tempfile.mkdtemp(prefix="cpuid_cap-")) / "cpuid_cap.so"
+    subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", str(lib), str(REPO / "scripts" / "cpuid_cap.c")], check=True)
+    env = dict(os.environ, CPUID_CAP=cap, LD_PRELOAD=str(lib), SEMSEARCH_CPU_ISA=cap)
+    os.execve(sys.executable, [sys.executable, *sys.argv], env)
+
+
+def hidden(flag: str) -> bool:
+    """Whether --cpu-cap hides this CPU flag from the process (as scripts/cpuid_cap.c clears it)."""
+    cap = os.environ.get("CPUID_CAP")
+    if cap == "avx2":
+        return flag.startswith(("avx512", "amx", "avx_vnni"))
+    if cap == "avx512":
+        return flag.startswith(("amx", "avx_vnni", "avx512_bf16", "avx512_vnni", "avx512_fp16"))
+    return False
 
 
 def loadavg() -> list[str]:
@@ -188,9 +218,15 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1,
                     help="repeat the whole interleaved measurement this many times and report each round's ratio, "
                          "their median and minimum (the baseline's speed swings by 15%% between runs on a shared machine)")
+    ap.add_argument("--cpu-cap", choices=["avx2", "avx512"],
+                    help="time every path as on a lesser x86 CPU: CPUID faulted and answered without the extensions "
+                         "above AVX2 (or above AVX-512 F/BW/DQ/VL: no VNNI, BF16, AMX), for every library in the "
+                         "process (scripts/cpuid_cap.c); needs gcc and the cpuid_fault CPU flag")
     ap.add_argument("--single", type=int, default=200, help="queries timed one call at a time (short-text path); 0: skip")
     ap.add_argument("--out", default=str(REPO / "results" / "bench_encode.json"))
     args = ap.parse_args()
+    if args.cpu_cap and os.environ.get("CPUID_CAP") != args.cpu_cap:
+        run_capped(args.cpu_cap)  # does not return
 
     import numpy as np
     import torch
@@ -226,8 +262,9 @@ def main() -> None:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     report = {"machine": f"{platform.processor() or platform.machine()}, {cores} cores, torch threads {torch.get_num_threads()}",
               "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
-              "cpu_flags": sorted(f for f in cpu_flags() if f in FLAGS_SHOWN),
-              "caps": {k: os.environ[k] for k in ("SEMSEARCH_CPU_ISA", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS",
+              "cpu_flags": sorted(f for f in cpu_flags() if f in FLAGS_SHOWN and not hidden(f)),
+              "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+              "caps": {k: os.environ[k] for k in ("CPUID_CAP", "SEMSEARCH_CPU_ISA", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS",
                                                   "ATEN_CPU_CAPABILITY") if k in os.environ},
               "precisions": {k: e.precision for k, e in encs.items()}, "loadavg_start": load_start, "workloads": {}}
     if len(encs) == 1:
