@@ -92,11 +92,12 @@ def resolve_precision(precision: str, device: str) -> str:
 AUTO_CPU_RULE: tuple[tuple[str, tuple[str, ...]], ...] = (
     # AMX: bf16 3.41x sentence-transformers on documents, int8 2.13x (not measured again since).
     ("amx", ("bf16",)),
-    # AVX-512 with bf16 and VNNI, no AMX: int8 2.2-2.7x documents, 2.1-3.0x queries; bf16 no faster
-    # than fp32 on documents and slower on queries (its matmul peak is below fp32's), so fp32 is
-    # next where int8 cannot run. nDCG@10 of all three within 0.3 of fp32.
+    # AVX-512 with bf16 and VNNI, no AMX: int8 2.6-2.8x documents, 2.8x queries (recipe v4); bf16 no
+    # faster than fp32 on documents and slower on queries (its matmul peak is below fp32's), so fp32
+    # is next where int8 cannot run. nDCG@10 of all three within 0.3 of fp32.
     ("avx512_bf16", ("int8", "fp32")),
-    # AVX2 (and AVX-512 without bf16 units, not measured: as before): int8 1.8x documents, 2.1x queries.
+    # AVX2: int8 1.8x documents, 2.1x queries natively; 2.0x / 2.4x with CPUID capped to AVX2.
+    # AVX-512 without bf16 units (Skylake class), CPUID capped: int8 1.6x / 1.9x, fp32 1.1x / 0.8x.
     ("avx2", ("int8", "fp32")),
     # ARM and older x86: no int8 or bf16 figure of ours.
     ("other", ("fp32",)),
