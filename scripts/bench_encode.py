@@ -48,8 +48,11 @@ def run_capped(cap: str) -> None:
         raise SystemExit("--cpu-cap needs CPUID faulting (the cpuid_fault flag in /proc/cpuinfo); this CPU or VM has none")
     if shutil.which("gcc") is None:
         raise SystemExit("--cpu-cap needs gcc to build scripts/cpuid_cap.c")
-    lib = Path(tempfile.mkdtemp(prefix="cpuid_cap-")) / "cpuid_cap.so"
-    subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", str(lib), str(REPO / "scripts" / "cpuid_cap.c")], check=True)
+    lib = REPO / "results" / "cpuid_cap.so"  # built afresh each time (0.1 s), replaced whole: a running capped process keeps its copy
+    lib.parent.mkdir(parents=True, exist_ok=True)
+    tmp = lib.with_name(f".cpuid_cap-{os.getpid()}.so")
+    subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", str(tmp), str(REPO / "scripts" / "cpuid_cap.c")], check=True)
+    os.replace(tmp, lib)
     env = dict(os.environ, CPUID_CAP=cap, LD_PRELOAD=str(lib), SEMSEARCH_CPU_ISA=cap)
     os.execve(sys.executable, [sys.executable, *sys.argv], env)
 
