@@ -18,7 +18,9 @@
  * caller's own instructions are fooled: the OS still saves the full register state (XGETBV answers
  * truthfully, which the libraries check only after CPUID says a feature exists). The setting is
  * per thread and inherited by threads and forks, so it is made before main() runs; exec() resets it,
- * and LD_PRELOAD makes each new program set it again.
+ * and LD_PRELOAD makes each new program set it again. A program that later installs a SIGSEGV
+ * handler of its own (Python's faulthandler: `python -X faulthandler`, pytest) takes the next CPUID
+ * fault itself and dies: run the benchmarks without it.
  */
 #define _GNU_SOURCE
 #include <cpuid.h>
@@ -42,7 +44,9 @@ static void on_segv(int sig, siginfo_t *info, void *ctx_) {
     ucontext_t *ctx = (ucontext_t *)ctx_;
     greg_t *r = ctx->uc_mcontext.gregs;
     const unsigned char *ip = (const unsigned char *)r[REG_RIP];
-    if (ip[0] != 0x0f || ip[1] != 0xa2) { /* a real fault: die as the program would have */
+    /* A faulted CPUID comes as SI_KERNEL, like a general-protection fault; a bad memory access
+     * (a jump to an unmapped address included, where ip cannot be read) as SEGV_MAPERR/ACCERR. */
+    if (info->si_code != SI_KERNEL || ip[0] != 0x0f || ip[1] != 0xa2) { /* a real fault: die as the program would have */
         signal(sig, SIG_DFL);
         raise(sig);
         return;
@@ -55,7 +59,6 @@ static void on_segv(int sig, siginfo_t *info, void *ctx_) {
     if (leaf == 7 && sub == 1) { a &= ~clear71_eax; }
     r[REG_RAX] = a; r[REG_RBX] = b; r[REG_RCX] = c; r[REG_RDX] = d;
     r[REG_RIP] += 2;
-    (void)info;
 }
 
 __attribute__((constructor)) static void cpuid_cap_init(void) {

@@ -45,5 +45,7 @@ def test_capped_process_sees_the_lesser_cpu(lib):
 def test_a_real_crash_still_crashes_and_a_bad_cap_is_named(lib):
     crash = _run(lib, "avx2", "import ctypes; ctypes.string_at(0)")
     assert crash.returncode == -11  # SIGSEGV: not taken for a CPUID instruction
+    jump = _run(lib, "avx2", "import ctypes; ctypes.CFUNCTYPE(None)(0x10)()")  # code at an unmapped address
+    assert jump.returncode == -11
     bad = _run(lib, "avx3", "print('ran')")
     assert bad.returncode == 2 and "unknown CPUID_CAP=avx3" in bad.stderr and "ran" not in bad.stdout
