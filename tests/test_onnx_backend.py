@@ -88,7 +88,7 @@ def test_auto_on_avx2_is_int8_and_matches_fp32(avx2_auto_encoder, real_encoder):
 def test_int8_vectors_pooled_text_by_text_match_the_padded_batch(avx2_auto_encoder):
     """int8 with plain poolings pools each text's states as they come back (numpy, no padded
     batch): the same vectors as pooling the padded batches of iter_states with torch, several
-    poolings from one pass."""
+    poolings from one pass; kept states are each text's own, bit for bit."""
     import torch
 
     from semsearch.encoder.pooling import pool
@@ -102,6 +102,14 @@ def test_int8_vectors_pooled_text_by_text_match_the_padded_batch(avx2_auto_encod
     for p in want:
         assert not np.array_equal(want[p], np.zeros_like(want[p]))
         np.testing.assert_allclose(got[p], want[p], atol=2e-6, err_msg=p)
+    # with the states kept (--keep-states): the same vectors, and each text's own states as fp16
+    vecs, states = enc.encode_with_states(texts)
+    np.testing.assert_allclose(vecs, got[enc.pooling], atol=2e-6)
+    lens = [len(x) for x in enc.tokenize(texts)]
+    for b in enc.iter_states(texts, progress=False):
+        for r, i in enumerate(b.index):
+            assert states[i].dtype == np.float16 and states[i].shape == (lens[i], enc.dim)
+            assert np.array_equal(states[i], b.states[r, : lens[i]].to(torch.float16).numpy())
 
 
 def test_int8_stream_gives_each_texts_own_states(avx2_auto_encoder):
