@@ -178,10 +178,7 @@ class Encoder:
         order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
         bar = progress_bar(len(ids), "embedding", "text", progress)
         start = 0
-        # int8: every text runs alone; the cores take them in this order without waiting for a
-        # batch to be pooled (OnnxStates.stream), a few batches ahead
-        ahead = 8 * self.onnx.threads if self.onnx is not None else 0
-        stream = self.onnx.stream([np.asarray(ids[i], np.int64) for i in order], ahead) if self.onnx is not None else None
+        stream = self._onnx_stream(ids, order) if self.onnx is not None else None
         with torch.inference_mode():
             while start < len(order):
                 # Pad T up to a multiple of self._pad: for bf16 a handful of distinct shapes instead of
@@ -267,23 +264,26 @@ class Encoder:
         documents/s against 86.0 for the bare stream). The vectors are the batch path's to ~1e-7
         (the same states, summed in another order). With `states`, each text's states are also
         kept there, as fp16 (encode_with_states)."""
-        from semsearch.encoder.numpy_encoder import pool_text
+        from semsearch.encoder.numpy_encoder import pool_text, unit
 
         ids = self.tokenize(texts)
         order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
-        stream = self.onnx.stream([np.asarray(ids[i], np.int64) for i in order], 8 * self.onnx.threads)
         bar = progress_bar(len(ids), "embedding", "text", progress)
         shown = 0
-        for n, (i, st) in enumerate(zip(order, stream), 1):
+        for n, (i, st) in enumerate(zip(order, self._onnx_stream(ids, order)), 1):
             for name, pooling in plain.items():
-                v = pool_text(pooling, st)
-                out[name][i] = v / max(float(np.linalg.norm(v)), 1e-12)  # torch's normalize(eps=1e-12)
+                out[name][i] = unit(pool_text(pooling, st))
             if states is not None:
                 states[i] = st.astype(np.float16)
             if n - shown >= 32 or n == len(order):
                 bar.update(n - shown)
                 shown = n
         bar.close()
+
+    def _onnx_stream(self, ids: list[list[int]], order: list[int]) -> Iterator[np.ndarray]:
+        """int8 token states of each text, in `order`: every text runs alone, and the cores take
+        the next ones without waiting for the caller to pool (OnnxStates.stream), a few batches ahead."""
+        return self.onnx.stream([np.asarray(ids[i], np.int64) for i in order], 8 * self.onnx.threads)
 
     def encode_queries(self, texts: Sequence[str] | str, progress: bool | None = None) -> np.ndarray:
         """(n, D) normalised vectors of queries: through the trained query layers where this

@@ -231,8 +231,13 @@ class NumpyEncoder:
             for i, enc in enumerate(self.tokenizer.encode_batch(list(texts))):
                 v = self._pool(forward(enc.ids))
                 assert v.dtype == np.float32, v.dtype  # no silent float64 promotion
-                out[i] = v / max(float(np.linalg.norm(v)), 1e-12)
+                out[i] = unit(v)
         return out
+
+
+def unit(v: np.ndarray) -> np.ndarray:
+    """v scaled to length 1, as torch's normalize (eps 1e-12) scales it."""
+    return v / max(float(np.linalg.norm(v)), 1e-12)
 
 
 def pool_text(pooling: str, states: np.ndarray) -> np.ndarray:
