@@ -210,6 +210,7 @@ def train(
     symmetric: bool = False,
     projection: str = "none",
     dev_fraction: float = 0.2,
+    seen_fraction: float = 0.1,
     seed: int = 0,
     mode: str = "hybrid",
     cache: str | os.PathLike | None = "indexes/.cache",
@@ -226,7 +227,9 @@ def train(
     token states. The dev set holds queries on documents training never saw; a result that does
     not beat the base model there raises NotImproved and saves nothing, unless `force`. `mode`
     (query layers): the search mode trained for and judged on the dev set, "hybrid" (the default
-    search) or "dense".
+    search) or "dense". `seen_fraction` (query layers): the share of queries also held out about
+    documents that stay training positives; checks are then ranked on the whole dev set, never
+    below the base model on the held-out documents.
 
     >>> rep = semsearch.train("heads/doc-example", beir="data/tiny-beir", epochs=1,
     ...                       dev_fraction=0.5, force=True, progress=False)
@@ -248,7 +251,8 @@ def train(
 
         if check_mode(mode) == "lexical":
             raise InputError("--mode lexical: BM25 has nothing to train; give hybrid or dense")
-        res, info = _train_query_layers(out, train_layers, pseudo_queries, epochs, patience, lr, weight_decay, force, mode, **args)
+        res, info = _train_query_layers(out, train_layers, pseudo_queries, epochs, patience, lr, weight_decay, force, mode,
+                                        seen_fraction=seen_fraction, **args)
         kind = "query-layers"
     else:
         res, info = _train_pooling_head(out, pseudo_queries, epochs, patience, lr, weight_decay, hard_negatives, neg_skip,
@@ -326,7 +330,7 @@ def _train_pooling_head(out, pseudo_queries, epochs, patience, lr, weight_decay,
 
 
 def _train_query_layers(out, layers, pseudo_queries, epochs, patience, lr, weight_decay, force, mode, *, beir, split, dev_split,
-                        pairs, index, model, batch_size, positives_per_query, scale, dev_fraction, seed, cache, device,
+                        pairs, index, model, batch_size, positives_per_query, scale, dev_fraction, seed, cache, device, seen_fraction,
                         precision, progress, log):
     """See semsearch/training/query_tower.py."""
     import numpy as np
@@ -340,8 +344,8 @@ def _train_query_layers(out, layers, pseudo_queries, epochs, patience, lr, weigh
     unlabelled_only = beir is None and pairs is None
     if unlabelled_only and (index is None or not pseudo_queries):
         raise InputError("give --beir DATASET or --pairs FILE, or --index DIR (with pseudo-queries) to train on the corpus alone")
-    cfg = qt.TowerConfig(layers=layers, epochs=epochs or 3, patience=patience or 3, batch_size=batch_size,
-                         lr=lr if lr is not None else 2e-5, weight_decay=0.01 if weight_decay is None else weight_decay, scale=scale,
+    cfg = qt.TowerConfig(layers=layers, epochs=epochs or 5, patience=patience or 3, batch_size=batch_size,
+                         lr=lr if lr is not None else 4e-5, weight_decay=0.01 if weight_decay is None else weight_decay, scale=scale,
                          positives_per_query=positives_per_query, pseudo_queries=pseudo_queries, seed=seed, mode=mode)
     enc = Encoder(model, device=device, precision=precision)
     if enc.backend != "native":
@@ -362,7 +366,7 @@ def _train_query_layers(out, layers, pseudo_queries, epochs, patience, lr, weigh
         if unlabelled_only:  # no labels: the pseudo-queries are the dev set too (a proxy task)
             data.unlabelled = set()
         log(f"+ {n_pseudo} pseudo-queries from the corpus ({'titles' if data.titles else 'first sentences'})")
-    sp = make_split(data, TrainConfig(dev_fraction=dev_fraction, seed=seed), np.random.default_rng(seed))
+    sp = make_split(data, TrainConfig(dev_fraction=dev_fraction, seed=seed), np.random.default_rng(seed), seen_fraction)
     if not sp.train:
         raise InputError("too few training queries after holding out the dev set")
     if sp.note:

@@ -347,11 +347,11 @@ def eval_(dataset, split, pooling, heads, model, ks, index, pairs, pair_columns,
                    "Default: on with --train-layers N, off with 0 (where it needs --index). With --index and no --beir/--pairs: only on those.")
 @click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path), help="Folder to write the head to.")
 @click.option("--model", default=None, help="Base model (frozen). Default: the bundled all-MiniLM-L6-v2.")
-@click.option("--epochs", type=click.IntRange(min=1), default=None, help="At most this many epochs (see --patience). Default: 3 for query layers, 10 for a pooling head.")
+@click.option("--epochs", type=click.IntRange(min=1), default=None, help="At most this many epochs (see --patience). Default: 5 for query layers, 10 for a pooling head.")
 @click.option("--patience", type=click.IntRange(min=1), default=None, help="Stop after this many dev checks without a better figure (query layers check twice an epoch). Default: 3 / 2.")
 @click.option("--batch-size", type=click.IntRange(min=2), default=64, show_default=True, help="Pairs per batch; the other pairs' passages are the in-batch negatives.")
 @click.option("--positives-per-query", type=click.IntRange(min=1), default=2, show_default=True, help="Positives sampled per query per epoch (bounds an epoch's cost).")
-@click.option("--lr", type=float, default=None, help="AdamW learning rate. Default: 2e-5 for query layers, 2e-3 for a pooling head.")
+@click.option("--lr", type=float, default=None, help="AdamW learning rate. Default: 4e-5 for query layers, 2e-3 for a pooling head.")
 @click.option("--weight-decay", type=click.FloatRange(min=0.0), default=None,
               help="Query layers: AdamW's weight decay (default 0.01). Pooling head: decay toward the starting point (mean pooling), per unit of learning rate (default 0).")
 @click.option("--scale", type=float, default=20.0, show_default=True, help="Similarity scale (1 / temperature) of the InfoNCE loss.")
@@ -363,6 +363,10 @@ def eval_(dataset, split, pooling, heads, model, ks, index, pairs, pair_columns,
               help="What follows the attention pooling: a full linear map, a scale per dimension, or nothing.")
 @click.option("--dev-fraction", type=click.FloatRange(0.0, 0.9), default=0.2, show_default=True,
               help="Training queries held out, as whole groups on held-out documents, to pick the best epoch and gate the head. 0: none (then only --force saves).")
+@click.option("--seen-fraction", type=click.FloatRange(0.0, 0.5), default=0.1, show_default=True,
+              help="Query layers: also hold out this share of the queries about documents that stay training positives "
+                   "(through other queries). Checks are then ranked on the whole dev set, and never kept below the base "
+                   "model on the held-out documents. 0: judge on held-out documents alone.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--mode", type=click.Choice(["hybrid", "dense"]), default="hybrid", show_default=True,
               help="Query layers: the search mode to train for and to judge on the dev set. hybrid (the default "
@@ -375,8 +379,8 @@ def eval_(dataset, split, pooling, heads, model, ks, index, pairs, pair_columns,
 @click.option("--progress/--no-progress", default=None, help="Progress bar. Default: shown on a terminal.")
 @handle_errors
 def train(beir, split, dev_split, pairs, index, train_layers, pseudo_queries, out, model, epochs, patience, batch_size, positives_per_query, lr,
-          weight_decay, scale, hard_negatives, neg_skip, neg_depth, symmetric, projection, dev_fraction, seed, mode, cache, force, device,
-          precision, progress):
+          weight_decay, scale, hard_negatives, neg_skip, neg_depth, symmetric, projection, dev_fraction, seen_fraction, seed, mode, cache, force,
+          device, precision, progress):
     """Fine-tune contrastively on (query, relevant passage) pairs.
 
     By default (--train-layers 2) the top two layers of the *query* encoder are trained so that
@@ -406,7 +410,8 @@ def train(beir, split, dev_split, pairs, index, train_layers, pseudo_queries, ou
                     pseudo_queries=pseudo_queries, model=model, epochs=epochs, patience=patience, batch_size=batch_size,
                     positives_per_query=positives_per_query, lr=lr, weight_decay=weight_decay, scale=scale,
                     hard_negatives=hard_negatives, neg_skip=neg_skip, neg_depth=neg_depth, symmetric=symmetric,
-                    projection=projection, dev_fraction=dev_fraction, seed=seed, mode=mode, cache=cache, force=force, device=device,
+                    projection=projection, dev_fraction=dev_fraction, seen_fraction=seen_fraction, seed=seed, mode=mode, cache=cache,
+                    force=force, device=device,
                     precision=precision, progress=progress, log=lambda line: click.echo(line, err=True))
     click.echo(rep.verdict)
     if rep.kind == "pooling":

@@ -185,6 +185,26 @@ def test_document_split_keeps_dev_documents_out_of_training():
     assert ({3, 4, 5} <= set(s.dev)) == ({21, 22, 23} <= set(s.dev))  # linked groups move together
 
 
+def test_seen_dev_queries_keep_their_documents_in_training():
+    from semsearch.training.split import hold_out_seen, split_queries
+
+    # 90 queries: documents 0-29 have three queries each, documents 30-59 one each (q 90-119).
+    positives = {q: {q // 3} for q in range(90)} | {q: {q - 60} for q in range(90, 120)}
+    s = split_queries(positives, 0.2, np.random.default_rng(0), n_passages=60)
+    unseen, dev0 = list(s.unseen), list(s.dev)
+    s = hold_out_seen(s, positives, 0.1, np.random.default_rng(1))
+    assert s.unseen == unseen and len(s.seen) == 12 and sorted(s.dev) == sorted(dev0 + s.seen)
+    assert not set(s.seen) & set(s.train) and sorted(s.train + s.dev) == list(range(120))
+    train_docs = {p for q in s.train for p in positives[q]}
+    assert all(positives[q] <= train_docs for q in s.seen)  # each seen query's documents are still trained on
+    assert all(not (positives[q] & train_docs) for q in s.unseen)  # and the unseen ones' still are not
+    assert all(q < 90 for q in s.seen)  # a document's only query is never held out as "seen"
+    assert "12 about trained documents" in s.describe()
+    # nothing to hold out: a split that is not by documents, or a zero fraction
+    assert hold_out_seen(split_queries(positives, 0.0, np.random.default_rng(0)), positives, 0.1, np.random.default_rng(0)).seen == []
+    assert hold_out_seen(split_queries(positives, 0.2, np.random.default_rng(0)), positives, 0.0, np.random.default_rng(0)).seen == []
+
+
 def test_split_falls_back_to_queries_when_positives_link_everything():
     from semsearch.training.split import split_queries
 
@@ -280,8 +300,9 @@ def test_positives_per_query_bounds_an_epoch():
 
 
 # ---- CLI: refusal message, --force, --dev-fraction 0, --dev-split, eval --head --------------
-def write_beir(folder, topics=16, dev_topics=()):
-    """A small BEIR folder: topic k has 2 documents and 2 train queries (+1 dev query for dev_topics)."""
+def write_beir(folder, topics=16, dev_topics=(), more_queries=0):
+    """A small BEIR folder: topic k has 2 documents and 2 train queries (+1 dev query for dev_topics;
+    + `more_queries` more train queries for each document, worded differently)."""
     folder.mkdir()
     (folder / "qrels").mkdir()
     words = ["loan", "soup", "comet", "tomato", "train", "sleep", "index", "mortgage", "fraud", "bread", "orbit", "garden",
@@ -298,6 +319,9 @@ def write_beir(folder, topics=16, dev_topics=()):
             for j in range(2):
                 fh.write(json.dumps({"_id": f"q{k}-{j}", "text": f"what about {words[k]}?"}) + "\n")
                 tr.write(f"q{k}-{j}\td{k}-{j}\t1\n")
+                for n in range(more_queries):
+                    fh.write(json.dumps({"_id": f"q{k}-{j}-{n}", "text": f"{['tell me', 'details', 'facts'][n % 3]} on {words[k]} {j}"}) + "\n")
+                    tr.write(f"q{k}-{j}-{n}\td{k}-{j}\t1\n")
             if k in dev_topics:
                 fh.write(json.dumps({"_id": f"v{k}", "text": f"{words[k]} please"}) + "\n")
                 dv.write(f"v{k}\td{k}-0\t1\n")
@@ -341,7 +365,7 @@ def test_dev_split_uses_the_datasets_own_dev_qrels(tmp_path):
     m = json.loads((tmp_path / "h" / "head.json").read_text())["metrics"]
     assert m["dev_split"] == "given" and m["dev_queries"] == 12 and m["train_queries"] == 32
     assert m["unseen_dev_queries"] == 0  # every dev query's document is a training positive
-    assert "12 dev queries (the given dev split; 0 with unseen documents)" in r.output
+    assert "12 dev queries (the given dev split; 0 with unseen documents, 12 about trained documents)" in r.output
 
 
 def test_train_takes_passage_states_from_an_index_with_kept_states(tmp_path):

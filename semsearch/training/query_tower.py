@@ -46,11 +46,14 @@ SAMPLED_NEGATIVES = 16_384  # larger ones: this many random documents a batch, p
 @dataclass
 class TowerConfig:
     layers: int = 2  # top transformer layers of the query encoder trained
-    epochs: int = 3  # at most (see patience)
+    # 5 epochs at 4e-5: SciFact's dev set preferred them (whole dev 75.01, against 73.75 for 3 epochs
+    # and 72.97 for 3 at 2e-5), the held-out documents' figure not below the base model's in any
+    # (docs/training.md, "Queries about the documents it trained on").
+    epochs: int = 5  # at most (see patience)
     evals_per_epoch: int = 2  # dev checks an epoch (the best check is kept)
     patience: int = 3  # stop after this many dev checks without a better figure
     batch_size: int = 64
-    lr: float = 2e-5
+    lr: float = 4e-5
     weight_decay: float = 0.01  # AdamW's, toward zero
     scale: float = 20.0  # 1 / temperature of the softmax over the corpus
     positives_per_query: int = 2
@@ -74,7 +77,8 @@ class TowerResult:
     tower: QueryTower  # the best dev check's layers
     improved: bool
     split: DevSplit
-    gate: str  # "unseen" | "dev" | "none"
+    gate: str  # "unseen" | "dev" | "none": the figure a kept check may not lower (and ranks by, alone)
+    rank: str = ""  # the figure checks are ranked by: "dev" where split.seen is measured too, else gate
     base: dict[str, float] = field(default_factory=dict)
     best: dict[str, float] = field(default_factory=dict)
     best_epoch: float = -1.0  # epochs trained at the best check (e.g. 0.5 = half an epoch)
@@ -90,12 +94,15 @@ class TowerResult:
             figs = "no dev set"
         else:
             parts = [f"{name} {self.base[k]:.2f} -> {self.best[k]:.2f}" for k, name in
-                     (("unseen", f"unseen-document dev ({len(self.split.unseen)} q)"), ("dev", f"all dev ({len(self.split.dev)} q)"),
+                     (("unseen", f"unseen-document dev ({len(self.split.unseen)} q)"),
+                      ("seen", f"trained-document dev ({len(self.split.seen)} q)"), ("dev", f"all dev ({len(self.split.dev)} q)"),
                       ("dense_unseen", "dense unseen-document dev"), ("dense_dev", "dense all dev"))
                      if k in self.base and k in self.best]
             figs = f"nDCG@10 base -> trained query layers, {self.mode}: " + ", ".join(parts)
             if not self.improved and any(self.best.get(f"dense_{k}", 1e9) < self.base.get(f"dense_{k}", 0) for k in ("unseen", "dev")):
                 figs += " (no better check kept the dense dev figure at the base model's or above)"
+            elif not self.improved and self.rank != self.gate and self.best.get(self.gate, 1e9) < self.base.get(self.gate, 0):
+                figs += " (no better check kept the unseen-document dev figure at the base model's or above)"
         secs = ", ".join(f"{k.replace('_', ' ')} {v} s" for k, v in self.seconds.items())
         return (f"{figs}; best check after {self.best_epoch:g} epoch(s){' (stopped early)' if self.stopped_early else ''}; "
                 f"{self.split.describe()}; {self.pseudo} pseudo-queries; {secs}")
@@ -103,7 +110,8 @@ class TowerResult:
     def metrics(self) -> dict[str, Any]:
         m: dict[str, Any] = {"gate": self.gate, "best_epoch": self.best_epoch, "history": self.history, "seconds": self.seconds,
                              "train_queries": len(self.split.train), "dev_queries": len(self.split.dev),
-                             "unseen_dev_queries": len(self.split.unseen), "dev_split": self.split.kind,
+                             "unseen_dev_queries": len(self.split.unseen), "seen_dev_queries": len(self.split.seen),
+                             "ranked_by": self.rank or self.gate, "dev_split": self.split.kind,
                              "dev_split_note": self.split.note, "pseudo_queries": self.pseudo, "mode": self.mode}
         if self.alpha_sweep:
             m["dev_ndcg@10_by_alpha"] = self.alpha_sweep
@@ -429,7 +437,7 @@ def train_query_tower(data: PairData, encoder, pvec: np.ndarray, cfg: TowerConfi
         out = _dev_figures(qv, pvec, split, data)
         if bias is not None:
             out = {f"dense_{k}": v for k, v in out.items()}
-            for k, idx in (("dev", split.dev), ("unseen", split.unseen)):
+            for k, idx in (("dev", split.dev), ("unseen", split.unseen), ("seen", split.seen)):
                 if f"dense_{k}" in out:
                     out[k] = hybrid_ndcg10(qv, pnorm, idx, data.queries, bias.lex, data.positives, cfg.alpha)
         return out
@@ -439,6 +447,16 @@ def train_query_tower(data: PairData, encoder, pvec: np.ndarray, cfg: TowerConfi
         bias.set_ranges(_encode(tower, inputs, list(range(len(data.queries))), pool), pnorm)
     base = figures()
     gate = "unseen" if "unseen" in base else ("dev" if "dev" in base else "none")
+    # With held-out queries about trained documents too (split.seen), checks are ranked on the
+    # whole dev set, and one below the base model on the unseen-document queries is never kept:
+    # a head may help with the documents it was trained on, never at the cost of new ones.
+    rank = "dev" if gate == "unseen" and "seen" in base else gate
+
+    def keeps(figs: dict[str, float]) -> bool:
+        # hybrid: a check counts only if the dense ranking is no worse than the base model's
+        # (dense is what the embeddings API and RAG frameworks use)
+        return (figs.get(f"dense_{gate}", 0.0) >= base.get(f"dense_{gate}", 0.0)
+                and (rank == gate or figs[gate] >= base[gate]))
     params = [p for p in tower.parameters()]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     n_pairs = len(epoch_pairs(split.train, data.positives, cfg.positives_per_query, np.random.default_rng(0)))
@@ -486,12 +504,10 @@ def train_query_tower(data: PairData, encoder, pvec: np.ndarray, cfg: TowerConfi
                 if gate != "none":
                     figs = figures()
                     row.update({f"{k}_ndcg@10": round(v, 2) for k, v in figs.items()})
-                    # hybrid: a check counts only if the dense ranking on the dev set is no worse
-                    # than the base model's (dense is what the embeddings API and RAG frameworks use).
-                    if figs[gate] > unguarded[0]:
-                        unguarded = (figs[gate], row["epoch"], copy.deepcopy(tower.state_dict()), figs)
-                    if figs[gate] > best[0] and figs.get(f"dense_{gate}", 0.0) >= base.get(f"dense_{gate}", 0.0):
-                        best, since_best = (figs[gate], row["epoch"], copy.deepcopy(tower.state_dict()), figs), 0
+                    if figs[rank] > unguarded[0]:
+                        unguarded = (figs[rank], row["epoch"], copy.deepcopy(tower.state_dict()), figs)
+                    if figs[rank] > best[0] and keeps(figs):
+                        best, since_best = (figs[rank], row["epoch"], copy.deepcopy(tower.state_dict()), figs), 0
                     else:
                         since_best += 1
                 else:
@@ -505,7 +521,7 @@ def train_query_tower(data: PairData, encoder, pvec: np.ndarray, cfg: TowerConfi
         if gate != "none" and since_best >= cfg.patience:
             break
     bar.close()
-    improved = gate != "none" and best[0] > base[gate]
+    improved = gate != "none" and best[0] > base[rank]
     if not best[3] and unguarded[3]:
         best = unguarded
     tower.load_state_dict(best[2])
@@ -520,7 +536,7 @@ def train_query_tower(data: PairData, encoder, pvec: np.ndarray, cfg: TowerConfi
                                                  bias.lex, data.positives, a), 2) for a in (0.3, 0.4, 0.5, 0.6, 0.7, 0.8)}
         log.info("hybrid nDCG@10 on dev by alpha: %s", sweep)
     tower.corpus = data.corpus  # recorded in head.json by save_tower
-    return TowerResult(tower=tower, improved=improved, split=split, gate=gate, base=base, best=best[3], best_epoch=best[1],
+    return TowerResult(tower=tower, improved=improved, split=split, gate=gate, rank=rank, base=base, best=best[3], best_epoch=best[1],
                        stopped_early=stopped, history=history, pseudo=pseudo, mode=cfg.mode, alpha_sweep=sweep,
                        seconds={"frozen_layers": round(t_frozen, 1), "training": round(time.perf_counter() - t1, 1)})
 

@@ -19,11 +19,15 @@ class DevSplit:
     kind: str  # "documents" | "queries" | "given" | "none"
     note: str = ""
     stats: dict[str, int] = field(default_factory=dict)
+    # The dev queries every one of whose relevant documents is a positive of a training query: how
+    # the head does for new queries about the documents it was trained on (see hold_out_seen).
+    seen: list[int] = field(default_factory=list)
 
     def describe(self) -> str:
         what = {"documents": "held-out documents", "queries": "held-out queries (fallback)", "given": "the given dev split",
                 "none": "no dev set"}[self.kind]
-        s = f"{len(self.train)} train / {len(self.dev)} dev queries ({what}; {len(self.unseen)} with unseen documents)"
+        s = f"{len(self.train)} train / {len(self.dev)} dev queries ({what}; {len(self.unseen)} with unseen documents"
+        s += f", {len(self.seen)} about trained documents)" if self.seen else ")"
         return s + (f"; {self.note}" if self.note else "")
 
 
@@ -93,7 +97,45 @@ def split_queries(positives: dict[int, set[int]], fraction: float, rng: np.rando
     note = (f"training positives link {stats['largest_component']} of {len(qids)} queries through shared documents "
             f"(they cover {cover}), so no document split of that size exists: the dev set holds out queries, "
             "and its figure includes documents the head trained on")
-    return DevSplit(train, dev, unseen_queries(dev, train, positives), "queries", note, stats)
+    return DevSplit(train, dev, unseen_queries(dev, train, positives), "queries", note, stats,
+                    seen=seen_queries(dev, train, positives))
+
+
+def seen_queries(queries: list[int], train: list[int], positives: dict[int, set[int]]) -> list[int]:
+    """The queries among `queries` all of whose relevant documents are positives of `train` queries."""
+    trained = {p for q in train for p in positives[q]}
+    return [q for q in queries if positives[q] and positives[q] <= trained]
+
+
+def hold_out_seen(split: DevSplit, positives: dict[int, set[int]], fraction: float, rng: np.random.Generator) -> DevSplit:
+    """Also hold out about `fraction` of the queries whose relevant documents stay training
+    positives through other training queries (a document with several labelled queries keeps at
+    least one in training), so the dev set measures both cases a trained head meets: new
+    documents (`unseen`) and new queries about the documents it trained on (`seen`). Only for a
+    document split (other kinds already hold out queries, and their seen ones are counted)."""
+    if split.kind != "documents" or fraction <= 0:
+        return split
+    target = max(1, int(round((len(split.train) + len(split.dev)) * fraction)))
+    left: dict[int, int] = {}
+    for q in split.train:
+        for p in positives[q]:
+            left[p] = left.get(p, 0) + 1
+    seen: list[int] = []
+    for i in rng.permutation(len(split.train)):
+        q = split.train[int(i)]
+        if len(seen) >= target:
+            break
+        if positives[q] and all(left[p] >= 2 for p in positives[q]):
+            for p in positives[q]:
+                left[p] -= 1
+            seen.append(q)
+    if not seen:
+        return split
+    held = set(seen)
+    split.train = [q for q in split.train if q not in held]
+    split.dev = sorted(split.dev + seen)
+    split.seen = sorted(seen)
+    return split
 
 
 def given_split(train_pos: dict[int, set[int]], dev_queries: list[int]) -> DevSplit:
@@ -101,4 +143,4 @@ def given_split(train_pos: dict[int, set[int]], dev_queries: list[int]) -> DevSp
     dev_set = set(dev_queries)
     train = sorted(q for q in train_pos if q not in dev_set)
     dev = sorted(dev_set)
-    return DevSplit(train, dev, unseen_queries(dev, train, train_pos), "given")
+    return DevSplit(train, dev, unseen_queries(dev, train, train_pos), "given", seen=seen_queries(dev, train, train_pos))

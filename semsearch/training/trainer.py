@@ -19,7 +19,7 @@ from semsearch.eval import exact_search, trec_metrics
 from semsearch.progress import bar as progress_bar
 from semsearch.training.data import PairData
 from semsearch.training.loss import mnr_loss, positive_mask
-from semsearch.training.split import DevSplit, given_split, split_queries
+from semsearch.training.split import DevSplit, given_split, hold_out_seen, split_queries
 from semsearch.training.states import StateCache
 
 log = logging.getLogger(__name__)
@@ -176,6 +176,8 @@ def _dev_figures(qvec: np.ndarray, pvec: np.ndarray, split: DevSplit, data: Pair
         out["dev"] = _ndcg10(qvec, pvec, split.dev, data)
     if len(split.unseen) >= MIN_UNSEEN:
         out["unseen"] = out["dev"] if split.unseen == split.dev else _ndcg10(qvec, pvec, split.unseen, data)
+    if len(split.seen) >= MIN_UNSEEN:
+        out["seen"] = _ndcg10(qvec, pvec, split.seen, data)
     return out
 
 
@@ -210,12 +212,16 @@ def epoch_pairs(train: list[int], positives: dict[int, set[int]], k: int, rng: n
     return pairs
 
 
-def make_split(data: PairData, cfg: TrainConfig, rng: np.random.Generator) -> DevSplit:
+def make_split(data: PairData, cfg: TrainConfig, rng: np.random.Generator, seen_fraction: float = 0.0) -> DevSplit:
+    """The dev split of data's labelled queries (unlabelled ones always train); with
+    seen_fraction, a document split also holds out that share of queries about documents that
+    stay training positives (split.seen; see split.hold_out_seen)."""
     labelled = {q: p for q, p in data.positives.items() if q not in data.unlabelled}
     if data.dev_queries is not None:
         split = given_split(labelled, data.dev_queries)
     else:
         split = split_queries(labelled, cfg.dev_fraction, rng, len(data.passages))
+        split = hold_out_seen(split, labelled, seen_fraction, rng)
     split.train = sorted(split.train + sorted(data.unlabelled))
     return split
 
