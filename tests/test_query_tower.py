@@ -120,7 +120,7 @@ def test_the_gate_also_measures_queries_about_trained_documents(tmp_path):
     checks are ranked on the whole dev set, and the kept one is never below the base model on the
     held-out documents."""
     ds = write_beir(tmp_path / "ds", topics=20, more_queries=2)  # 40 documents, 3 train queries each
-    args = ["train", "--beir", str(ds), "--out", str(tmp_path / "h"), "--train-layers", "1", "--epochs", "2", "--batch-size", "16",
+    args = ["train", "--beir", str(ds), "--out", str(tmp_path / "h"), "--train-layers", "1", "--epochs", "1", "--batch-size", "16",
             "--lr", "1e-4", "--cache", str(tmp_path / "c"), "--precision", "fp32", "--no-progress", "--force"]
     r = CliRunner().invoke(main, args)
     assert r.exit_code == 0, r.output
