@@ -365,7 +365,7 @@ def _train_query_layers(out, layers, pseudo_queries, epochs, patience, lr, weigh
         data, n_pseudo = qt.add_corpus_queries(data, data.titles)
         if unlabelled_only:  # no labels: the pseudo-queries are the dev set too (a proxy task)
             data.unlabelled = set()
-        titled = sum(1 for t in data.titles or () if 3 <= len((t or "").strip()) <= 300)  # as add_corpus_queries takes them
+        titled = sum(1 for t in data.titles or () if qt.title_query(t))
         source = "titles" if titled == len(data.passages) else ("titles, else first sentences" if titled else "first sentences")
         log(f"+ {n_pseudo} pseudo-queries from the corpus ({source})")
     sp = make_split(data, TrainConfig(dev_fraction=dev_fraction, seed=seed), np.random.default_rng(seed), seen_fraction)

@@ -127,6 +127,12 @@ def config_dict(cfg: TowerConfig) -> dict[str, Any]:
 
 
 # ---- pseudo-queries ------------------------------------------------------------------------
+def title_query(title: str | None) -> str:
+    """A passage's title as its pseudo-query, or "" where it has none usable (too short or long)."""
+    t = (title or "").strip()
+    return t if 3 <= len(t) <= 300 else ""
+
+
 def add_corpus_queries(data: PairData, titles: list[str] | None = None) -> tuple[PairData, int]:
     """The data with an unlabelled query for each passage: its title where the data has one,
     else its first sentence (see index_states.first_sentence); passages with neither get none."""
@@ -135,8 +141,7 @@ def add_corpus_queries(data: PairData, titles: list[str] | None = None) -> tuple
     queries, positives, unlabelled = list(data.queries), {q: set(p) for q, p in data.positives.items()}, set(data.unlabelled)
     n = 0
     for i, text in enumerate(data.passages):
-        t = (titles[i] or "").strip() if titles is not None else ""
-        q = t if 3 <= len(t) <= 300 else first_sentence(text)
+        q = (title_query(titles[i]) if titles is not None else "") or first_sentence(text)
         if not q:
             continue
         qi = len(queries)
