@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from semsearch.errors import InputError
+from semsearch.limits import MAX_DEPTH, MAX_WHERE_CONDITIONS, MAX_WHERE_TEXT, MAX_WHERE_VALUES, check_depth
 
 OPS = ("=", "!=", ">=", "<=", ">", "<")
 _COND = re.compile(r"^\s*([^=!<>]+?)\s*(!=|>=|<=|=|>|<)\s*(.*?)\s*$", re.S)
@@ -136,6 +137,9 @@ class _KeyColumn:
         return self.num_ids[: np.searchsorted(s, n, "left")]
 
 
+_NO_VALUES = _KeyColumn(np.zeros(0, np.int64), [])
+
+
 class _SegmentColumns:
     """One immutable segment's chunks in the forms filters need: each chunk's file (sorted, for
     path conditions) and each metadata field a filter has named. Built once per segment and kept
@@ -147,20 +151,29 @@ class _SegmentColumns:
         file_ids = segment.file_ids
         self.by_file = np.argsort(file_ids, kind="stable")
         self.files_sorted = file_ids[self.by_file]
-        self._keys: dict[str, _KeyColumn] = {}
+        self._keys: OrderedDict[str, _KeyColumn] = OrderedDict()
+        self._known: frozenset[str] | None = None
         self._lock = threading.Lock()
+
+    KEYS = 256  # fields kept built per segment (least recently used dropped): memory stays bounded
 
     @classmethod
     def of(cls, segment) -> "_SegmentColumns":
         return segment.memo("filter-columns", lambda: cls(segment))
 
     def key(self, key: str) -> _KeyColumn:
-        col = self._keys.get(key)
-        if col is None:
-            with self._lock:  # one build per field, however many threads ask at once
-                col = self._keys.get(key)
-                if col is None:
-                    col = self._keys[key] = _KeyColumn(*self.segment.docs.metadata_values(_path(key)))
+        with self._lock:  # one build per field, however many threads ask at once
+            col = self._keys.get(key)
+            if col is not None:
+                self._keys.move_to_end(key)
+                return col
+            if self._known is None:  # the segment's field names, read once
+                self._known = self.segment.docs.metadata_keys()
+            if key not in self._known:  # a field no chunk has: nothing to read, nothing to keep
+                return _NO_VALUES
+            col = self._keys[key] = _KeyColumn(*self.segment.docs.metadata_values(_path(key)))
+            while len(self._keys) > self.KEYS:
+                self._keys.popitem(last=False)
         return col
 
 
@@ -244,33 +257,74 @@ class _Columns:
 
 
 def _num(x: Any) -> float | None:
-    """x as a number: numbers, and strings that read as one; else None."""
+    """x as a number: numbers, and strings that read as one; else None. An integer past the float
+    range is +-inf (its order kept: a stored 10**400 is still above every finite bound)."""
     if isinstance(x, bool) or x is None:
         return None
-    if isinstance(x, (int, float)):
-        return float(x)
+    if isinstance(x, int):
+        try:
+            return float(x)
+        except OverflowError:
+            return float("inf") if x > 0 else float("-inf")
+    if isinstance(x, float):
+        return x
+    if not isinstance(x, str) or len(x) > 400:  # no number is written with more; a long str() is a cost
+        return None
     try:
-        return float(str(x).strip())
+        return float(x.strip())
     except ValueError:
         return None
 
 
+def _bound(value: Any, shown: str, op: str) -> float:
+    """The number a range condition compares with: finite, within the float range."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        try:
+            n = float(value)
+        except OverflowError:
+            raise InputError(f"filter {shown!r}: the number is out of range (beyond +-1.8e308)") from None
+    else:
+        n = _num(value)
+        if n is None:
+            raise InputError(f"filter {shown!r}: {op} needs a number, got {_short(value)}")
+    if n != n or n in (float("inf"), float("-inf")):
+        raise InputError(f"filter {shown!r}: numbers in filters must be finite, got {_short(value)}")
+    return n
+
+
+def _short(value: Any) -> str:
+    text = repr(value) if isinstance(value, (str, int, float, bool)) or value is None else type(value).__name__
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def _path(key: str) -> str:
+    if len(key) > MAX_WHERE_TEXT:
+        raise InputError(f"a metadata field name in a filter is {len(key)} characters long; the most is {MAX_WHERE_TEXT}")
     if not key or '"' in key or "\\" in key:
         raise InputError(f"bad metadata field name {key!r} in a filter (it must be non-empty, without quotes or backslashes)")
     return f'$."{key}"'
 
 
-def _literal(value: Any) -> list[Any]:
+def _literal(value: Any, shown: str) -> list[Any]:
     """The SQL values a metadata field may hold to equal `value` as given."""
     if isinstance(value, bool):
         return [int(value)]
-    if isinstance(value, (int, float)):  # also its text form: CSV metadata holds strings
-        return [value, str(int(value)) if float(value).is_integer() else str(value)]
-    s = str(value)
+    if isinstance(value, int):  # also its text form: CSV metadata holds strings
+        if not -(1 << 63) <= value < (1 << 63):  # what SQLite (and JSON metadata) holds as an integer
+            raise InputError(f"filter {shown!r}: the integer is out of range (a 64-bit integer is the most)")
+        return [value, str(value)]
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            raise InputError(f"filter {shown!r}: numbers in filters must be finite, got {value!r}")
+        return [value, str(int(value)) if value.is_integer() else str(value)]
+    if not isinstance(value, str):
+        raise InputError(f"filter {shown!r}: a value must be a string, a number or a boolean, not {type(value).__name__}")
+    if len(value) > MAX_WHERE_TEXT:
+        raise InputError(f"filter on a value of {len(value)} characters; the most is {MAX_WHERE_TEXT}")
+    s = value
     out: list[Any] = [s]
     n = _num(s)
-    if n is not None:
+    if n is not None and n == n and n not in (float("inf"), float("-inf")):
         out += [n, int(n)] if n.is_integer() else [n]
     if s.lower() in ("true", "false"):
         out.append(1 if s.lower() == "true" else 0)
@@ -281,23 +335,38 @@ def _condition(f: Filter, key: str, op: str, value: Any, shown: str) -> None:
     if key == "$path":
         if op != "=":
             raise InputError(f"filter {shown!r}: a path takes a glob (path:GLOB), not {op}")
-        pattern = str(value)
+        if not isinstance(value, str):
+            raise InputError(f"filter {shown!r}: a path takes a glob string, not {type(value).__name__}")
+        pattern = value
+        if len(pattern) > MAX_WHERE_TEXT:
+            raise InputError(f"filter on a glob of {len(pattern)} characters; the most is {MAX_WHERE_TEXT}")
         if not pattern:
             raise InputError("filter 'path:': give a glob, e.g. path:*.md")
         f.conditions.append(Condition("path", "$path", "=", (pattern, "*/" + pattern.lstrip("/"))))
     elif op in ("=", "!="):
-        values = [v for x in (value if isinstance(value, (list, tuple)) else [value]) for v in _literal(x)]
+        given = value if isinstance(value, (list, tuple)) else [value]
+        if len(given) > MAX_WHERE_VALUES:
+            raise InputError(f"filter on {key!r}: {len(given)} values in one list; the most is {MAX_WHERE_VALUES}")
+        values = [v for x in given for v in _literal(x, shown)]
         if not values:
             raise InputError(f"filter {shown!r}: no values")
         _path(key)  # checks the name
         f.conditions.append(Condition("eq" if op == "=" else "ne", key, op, tuple(values)))
     else:
-        n = _num(value)
-        if n is None:
-            raise InputError(f"filter {shown!r}: {op} needs a number, got {value!r}")
+        n = _bound(value, shown, op)
         _path(key)
         f.conditions.append(Condition("num", key, op, (n,)))
     f.text.append(shown)
+    if len(f.conditions) > MAX_WHERE_CONDITIONS:
+        raise InputError(f"more than {MAX_WHERE_CONDITIONS} conditions in one filter; the most is {MAX_WHERE_CONDITIONS}")
+
+
+def _shown(key: str, op: str, value: Any) -> str:
+    """A condition as the user would write it, cut short: a message never repeats a huge value."""
+    text = f"{key}{op}{value}" if isinstance(value, (str, int, float, bool)) or value is None else f"{key}{op}{type(value).__name__}"
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 1000:
+        text = f"{key}{op}<an integer of {value.bit_length()} bits>"
+    return text if len(text) <= 120 else text[:117] + "..."
 
 
 def parse(where: Any) -> Filter | None:
@@ -307,29 +376,39 @@ def parse(where: Any) -> Filter | None:
     f = Filter()
     if isinstance(where, str):
         where = [where]
+    if isinstance(where, (dict, list, tuple)):
+        # where: {field: {op: [values]}} is three levels; anything deeper is refused before any
+        # step (repr, str) could recurse into it
+        check_depth(where, "the filter (where)", min(MAX_DEPTH, 4))
+        if len(where) > MAX_WHERE_CONDITIONS:
+            raise InputError(f"{len(where)} fields or conditions in one filter; the most is {MAX_WHERE_CONDITIONS}")
     if isinstance(where, dict):
         for key, value in where.items():
-            key = str(key)
+            if not isinstance(key, str):
+                raise InputError(f"filter field names are strings, not {type(key).__name__}")
             if isinstance(value, dict):
                 if not value:
-                    raise InputError(f"filter on {key!r}: empty condition")
+                    raise InputError(f"filter on {key[:80]!r}: empty condition")
                 for op, v in value.items():
                     if op not in OPS:
-                        raise InputError(f"filter on {key!r}: unknown operator {op!r}; valid operators are: {', '.join(OPS)}")
-                    _condition(f, key, op, v, f"{key}{op}{v}")
+                        raise InputError(f"filter on {key[:80]!r}: unknown operator {str(op)[:20]!r}; valid operators are: {', '.join(OPS)}")
+                    _condition(f, key, op, v, _shown(key, op, v))
             else:
-                _condition(f, key, "=", value, f"path:{value}" if key == "$path" else f"{key}={value}")
+                _condition(f, key, "=", value, f"path:{_shown('', '', value)}" if key == "$path" else _shown(key, "=", value))
         return f
     if not isinstance(where, (list, tuple)):
         raise InputError(f"where must be a dict, a string or a list of strings, not {type(where).__name__}")
     for cond in where:
         if not isinstance(cond, str):
-            raise InputError(f"filter conditions are strings like key=value, key>=n, path:GLOB; got {cond!r}")
+            raise InputError(f"filter conditions are strings like key=value, key>=n, path:GLOB; got {_short(cond)}")
+        if len(cond) > 2 * MAX_WHERE_TEXT:
+            raise InputError(f"a filter condition of {len(cond)} characters; the most is {2 * MAX_WHERE_TEXT}")
+        shown = cond if len(cond) <= 120 else cond[:117] + "..."
         if cond.strip().startswith("path:"):
-            _condition(f, "$path", "=", cond.strip()[5:], cond)
+            _condition(f, "$path", "=", cond.strip()[5:], shown)
             continue
         m = _COND.match(cond)
         if not m or not m.group(1).strip():
-            raise InputError(f"bad filter {cond!r}: expected key=value, key!=value, key>=n, key>n, key<=n, key<n or path:GLOB")
-        _condition(f, m.group(1).strip(), m.group(2), m.group(3), cond)
+            raise InputError(f"bad filter {shown!r}: expected key=value, key!=value, key>=n, key>n, key<=n, key<n or path:GLOB")
+        _condition(f, m.group(1).strip(), m.group(2), m.group(3), shown)
     return f

@@ -269,7 +269,7 @@ def index_corpus(
     needs_repool = check_settings(base, encoder, chunking, folder) if base is not None else False
     keep_states = keep_states or bool(base and base.states)
 
-    report = IndexReport(index=str(folder), skipped=dict(found.skipped))
+    report = IndexReport(index=str(folder), skipped=dict(found.skipped), skipped_files=_walk_skips(found))
     if base is not None and not (needs_repool or checksum) and _nothing_to_do(folder, base, found.files, corpus.resolve(),
                                                                                encoder, vectors, keep_states):
         # Every file as the index holds it, the settings the same: no new generation (a run over a
@@ -514,6 +514,19 @@ def _update(writer, files, root, encoder, chunking, read, report, progress, flus
     flush()
     bar.close()
     drop_gone(writer, stored, seen, root, report)  # files under this corpus root that are gone
+
+
+# What the user chose to leave out is listed after what semsearch could not read.
+_CHOSEN = ("hidden", "ignored", "excluded", "not included")
+
+
+def _walk_skips(found) -> list[str]:
+    """'path: reason' of every file the walk skipped, the ones the user did not choose first."""
+    chosen = [f"{p}: {r}" for p, r in found.skipped_paths if r.startswith(_CHOSEN)]
+    unread = [f"{p}: {r}" for p, r in found.skipped_paths if not r.startswith(_CHOSEN)]
+    for line in unread:
+        log.warning("skipped %s", line)
+    return unread + chosen
 
 
 def _skip_file(path: Path, e: Exception, report: IndexReport) -> None:

@@ -43,6 +43,7 @@ import numpy as np
 
 from semsearch.errors import (DocumentNotFound, IndexFormatError, IndexLocked, InputError, SemsearchError,
                               SettingsMismatch)
+from semsearch.limits import MAX_DEPTH, too_deep
 from semsearch.store.faiss_info import faiss_build
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,7 @@ LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 UNAUTHENTICATED_PATHS = ("/health",)
 PAGE_PATHS = ("/",)  # the search page: a static file with no data in it; its own requests send the key
 DOCS_PATHS = ("/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json")
+BODY_DEPTH = MAX_DEPTH + 3  # {"documents": [{"metadata": {...}}]}: the metadata's own limit sits 3 levels down
 
 
 class LimitExceeded(InputError):
@@ -496,6 +498,10 @@ def create_app(service: Service, limits: Limits | None = None, read_only: bool =
         @model_validator(mode="before")
         @classmethod
         def _encodable(cls, data: Any) -> Any:
+            deep = too_deep(data, BODY_DEPTH)
+            if deep is not None:  # before anything walks it: deep values broke later steps
+                raise PydanticCustomError("too_deep", "{message}", {"message": (
+                    f"{deep[:80]}: nested too deeply (metadata and filters take {MAX_DEPTH} levels)")})
             bad = _unencodable(data)
             if bad is not None:
                 where, text, at = bad
@@ -546,8 +552,9 @@ def create_app(service: Service, limits: Limits | None = None, read_only: bool =
         if any(e.get("type") == "json_invalid" for e in errs):
             e = next(e for e in errs if e.get("type") == "json_invalid")
             return error(400, f"malformed JSON: {e.get('ctx', {}).get('error', e.get('msg'))}")
-        if any(e.get("type") == "unencodable_text" for e in errs):
-            return error(422, next(e for e in errs if e.get("type") == "unencodable_text")["msg"], "InputError")
+        for kind in ("unencodable_text", "too_deep"):
+            if any(e.get("type") == kind for e in errs):
+                return error(422, next(e for e in errs if e.get("type") == kind)["msg"], "InputError")
         parts = []
         for e in errs[:5]:
             loc = ".".join(str(x) for x in e.get("loc", ()) if x != "body") or "body"

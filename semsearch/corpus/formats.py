@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
-from semsearch.errors import CorpusError
+from semsearch.errors import CorpusError, InputError
 
 log = logging.getLogger(__name__)
 
@@ -195,9 +195,13 @@ def _heading(marks: Marks, off: int, level: int, text: str, stack: list, state: 
 def html_text(data: bytes, path: Path) -> tuple[str, str | None]:
     """The main content of an HTML page as Markdown (headings kept), and its title. The bytes
     are decoded as the page declares (meta charset), else by detection."""
-    import trafilatura
-    from trafilatura.metadata import extract_metadata
-    from trafilatura.utils import load_html
+    try:
+        import trafilatura
+        from trafilatura.metadata import extract_metadata
+        from trafilatura.utils import load_html
+    except ImportError as e:  # lxml_html_clean left out by an old pip (see pyproject.toml)
+        raise InputError(f"{path}: HTML needs a package that is not installed ({e}); "
+                         "run `pip install lxml_html_clean` (or `pip install -U pip` and reinstall semsearch)") from e
 
     tree = load_html(data)
     if tree is None:

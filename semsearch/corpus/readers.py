@@ -11,6 +11,7 @@ from typing import Any, Iterator
 from semsearch.corpus.base import Skip, check_utf8 as _check_utf8  # noqa: F401  (Skip: the readers' signal)
 from semsearch.corpus.formats import DOCX_EXTS, HTML_EXTS, PDF_EXTS
 from semsearch.errors import CorpusError, InputError
+from semsearch.limits import MAX_DEPTH, too_deep
 
 log = logging.getLogger(__name__)
 
@@ -221,9 +222,11 @@ def _pick_field_from(path: Path, pending: list[tuple[int, dict]], opts: ReadOpti
 
 
 def _doc_or_error(path: Path, rec: dict, key: str, row: int, opts: ReadOptions) -> Iterator[Document]:
-    doc = _to_document(rec, key, row)
+    deep = too_deep(rec, MAX_DEPTH)
+    doc = None if deep is not None else _to_document(rec, key, row)
     if doc is None:
-        msg = f"{path}:{row}: record has no {key!r} field"
+        msg = (f"{path}:{row}: record has no {key!r} field" if deep is None else
+               f"{path}:{row}: record nested more than {MAX_DEPTH} levels deep (at {deep[:80]}); the most is {MAX_DEPTH}")
         if opts.skip_errors:
             log.warning("%s; skipped", msg)
             return

@@ -30,10 +30,12 @@ class WalkResult:
     files: list[SourceFile] = field(default_factory=list)
     skipped: Counter = field(default_factory=Counter)  # reason -> count
     examples: dict[str, str] = field(default_factory=dict)  # reason -> one path
+    skipped_paths: list[tuple[str, str]] = field(default_factory=list)  # (path, reason), every one
 
     def skip(self, path: Path, reason: str) -> None:
         self.skipped[reason] += 1
         self.examples.setdefault(reason, str(path))
+        self.skipped_paths.append((str(path), reason))
 
 
 def is_binary(path: Path) -> bool:

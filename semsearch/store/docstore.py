@@ -274,6 +274,15 @@ class DocStore:
             raise IndexFormatError(f"{self.path}: damaged ({e}); {remedy(self.path.parent)}") from e
         return np.fromiter((r[0] for r in rows), np.int64, len(rows)), [r[1] for r in rows]
 
+    def metadata_keys(self) -> frozenset[str]:
+        """The top-level metadata field names of this docstore's chunks."""
+        try:
+            rows = self.db.execute("SELECT DISTINCT j.key FROM chunks, json_each(chunks.metadata) AS j"
+                                   " WHERE chunks.metadata IS NOT NULL AND json_type(chunks.metadata) = 'object'").fetchall()
+        except sqlite3.DatabaseError as e:
+            raise IndexFormatError(f"{self.path}: damaged ({e}); {remedy(self.path.parent)}") from e
+        return frozenset(r[0] for r in rows)
+
     def files_matching(self, globs: list[str]) -> np.ndarray:
         """Ids of the files whose path matches any of the SQLite GLOB patterns."""
         where = " OR ".join("path GLOB ?" for _ in globs) or "0"
