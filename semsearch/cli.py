@@ -113,11 +113,11 @@ def main(verbose: bool) -> None:
 @click.option("--force", is_flag=True, help="Use a --head trained on another corpus anyway (it is refused otherwise, with the share of its training documents found here).")
 @click.option("--keep-states", is_flag=True, help="Keep every chunk's fp16 token states (768 bytes a token for MiniLM) so a new --pooling or --head re-pools the index without re-encoding.")
 @click.option("--index-type", type=click.Choice(["auto", "flat", "ivf", "ivf-fastscan", "ivf-sq8", "hnsw"]), default="auto", show_default=True,
-              help="FAISS index. auto: exact (flat) below 50,000 chunks, else IVF fast scan with exact re-ranking (IVF-SQ8 under --max-bytes-per-vector).")
+              help="FAISS index. auto: exact (flat) below 50,000 chunks, else IVF fast scan (4-bit codes in memory) re-ranked exactly against the full vectors, which stay on disk (memory-mapped).")
 @click.option("--target-recall", type=click.FloatRange(0.0, 1.0), default=0.95, show_default=True,
               help="Approximate indexes: tune the search knob (nprobe / efSearch) to the cheapest setting with this recall@10 against exact search.")
 @click.option("--max-bytes-per-vector", type=click.IntRange(min=1), default=None,
-              help="Memory budget a vector for auto: e.g. 500 picks IVF-SQ8 (~392 B for 384-d) over full vectors (1,544 B).")
+              help="Memory budget a vector for auto: below flat's (1,544 B for 384-d), IVF fast scan (64 B in memory) even for small indexes.")
 @click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True,
               help="Where files are read, chunked and encoded: this process, or a Ray cluster (pip install 'semsearch[ray]').")
 @click.option("--ray-address", default=None, envvar="RAY_ADDRESS", help="Ray cluster to use with --engine ray. Default: a new local cluster.")

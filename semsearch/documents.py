@@ -24,7 +24,7 @@ from typing import Any, Iterable, Mapping
 from semsearch.corpus.chunking import ChunkSettings, chunk_text, line_of
 from semsearch.encoder.tokens import token_table
 from semsearch.errors import DocumentNotFound, IndexFormatError, InputError, SettingsMismatch
-from semsearch.limits import check_depth
+from semsearch.limits import check_depth, check_encodable
 from semsearch.store.docstore import ChunkRow
 from semsearch.store.folder import IndexWriter, now
 from semsearch.store.manifest import Manifest
@@ -89,6 +89,7 @@ def _check(docs: list[Document]) -> None:
         if not isinstance(d.metadata, Mapping) or not all(isinstance(k, str) for k in d.metadata):
             raise InputError(f"the metadata of document {d.id!r} must be an object with string keys")
         check_depth(d.metadata, f"the metadata of document {d.id!r}")
+        check_encodable({"text": d.text, "metadata": d.metadata}, f"document {d.id!r}")  # SQLite cannot store a lone surrogate
         try:
             json.dumps(d.metadata, allow_nan=False)
         except (TypeError, ValueError) as e:

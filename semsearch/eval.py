@@ -279,11 +279,11 @@ def hybrid_run(data: BeirData, qv: np.ndarray, dv: np.ndarray, scores: np.ndarra
     run = {}
     n = max(depth, fusion_.DEPTH)
     for qi, (q, qt) in enumerate(zip(data.query_ids, data.query_texts)):
-        acc = lex.score_all(qt)  # scored once: the lexical top and the candidates' BM25 both read it
-        lids, _ = lex.top(acc, fusion_.DEPTH)
+        h = lex.query_hashes(qt)
+        lids, _ = lex.top_k(h, fusion_.DEPTH)
         c = np.union1d(idx[qi][: fusion_.DEPTH][idx[qi][: fusion_.DEPTH] >= 0], lids).astype(np.int64)
         d = dv[c] @ qv[qi]
-        fused = fusion_.fuse(d, lex.lookup(acc, c), fusion, alpha)
+        fused = fusion_.fuse(d, lex.scores_of(h, c), fusion, alpha)
         best = fusion_.top(c, fused, n)
         run[q] = {data.doc_ids[c[j]]: float(fused[j]) for j in best if data.doc_ids[c[j]] != q}
     return run

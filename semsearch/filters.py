@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from semsearch.errors import InputError
-from semsearch.limits import MAX_DEPTH, MAX_WHERE_CONDITIONS, MAX_WHERE_TEXT, MAX_WHERE_VALUES, check_depth
+from semsearch.limits import MAX_DEPTH, MAX_WHERE_CONDITIONS, MAX_WHERE_TEXT, MAX_WHERE_VALUES, check_depth, check_encodable
 
 OPS = ("=", "!=", ">=", "<=", ">", "<")
 _COND = re.compile(r"^\s*([^=!<>]+?)\s*(!=|>=|<=|=|>|<)\s*(.*?)\s*$", re.S)
@@ -380,6 +380,7 @@ def parse(where: Any) -> Filter | None:
         # where: {field: {op: [values]}} is three levels; anything deeper is refused before any
         # step (repr, str) could recurse into it
         check_depth(where, "the filter (where)", min(MAX_DEPTH, 4))
+        check_encodable(where, "the filter (where)")  # SQLite cannot bind a lone surrogate
         if len(where) > MAX_WHERE_CONDITIONS:
             raise InputError(f"{len(where)} fields or conditions in one filter; the most is {MAX_WHERE_CONDITIONS}")
     if isinstance(where, dict):

@@ -44,3 +44,36 @@ def check_depth(value: Any, what: str, limit: int = MAX_DEPTH) -> None:
     if at is not None:
         shown = at if len(at) <= 80 else at[:77] + "..."
         raise InputError(f"{what} is nested more than {limit} levels deep (at {shown}); the most is {limit}")
+
+
+def unencodable(value: Any, loc: str = "") -> tuple[str, str, int] | None:
+    """(field, text, position) of the first string in a parsed JSON value (keys included) that is
+    not valid Unicode (a lone surrogate such as "\\ud800", valid JSON but not encodable as UTF-8)."""
+    stack = [(loc, value)]
+    while stack:
+        where, v = stack.pop()
+        if isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError as e:
+                return where or "body", v, e.start
+        elif isinstance(v, dict):
+            for k, x in reversed(list(v.items())):
+                sub = f"{where}.{k}" if where else str(k)
+                try:
+                    str(k).encode("utf-8")
+                except UnicodeEncodeError as e:
+                    return f"{where} (a key)" if where else "body (a key)", str(k), e.start
+                stack.append((sub, x))
+        elif isinstance(v, (list, tuple)):
+            stack.extend((f"{where}.{i}" if where else str(i), x) for i, x in reversed(list(enumerate(v))))
+    return None
+
+
+def check_encodable(value: Any, what: str) -> None:
+    """Raise InputError naming `what` and the place when a string in `value` is not valid Unicode."""
+    bad = unencodable(value)
+    if bad is not None:
+        where, text, at = bad
+        raise InputError(f"{what}: {where[:80]} is not valid Unicode text ({ascii(text[at])} at character {at + 1} is a lone surrogate, "
+                         "which UTF-8 cannot encode)")

@@ -359,8 +359,8 @@ def _hybrid(g: _Generation, lex, queries, qv, k, allowed, fusion, alpha, pools: 
     dscores, dids = _dense(g, qv, depth, allowed)
     out = []
     for q, v, ds, di in zip(queries, qv, dscores, dids):
-        acc = lex.score_all(q)
-        lids, _ = lex.top(acc, depth, mask)
+        h = lex.query_hashes(q)
+        lids, _ = lex.top_k(h, depth, mask)  # pruned: exactly the exhaustive top, no pass over every row
         ok = di >= 0
         di, ds = di[ok], ds[ok]
         cand = np.union1d(di, lids)  # sorted ids
@@ -379,7 +379,7 @@ def _hybrid(g: _Generation, lex, queries, qv, k, allowed, fusion, alpha, pools: 
             if vecs is None:
                 ids, vecs = g.docs.get_vectors(only_lex)
             d[np.searchsorted(cand, ids)] = vecs @ np.asarray(v, np.float32)
-        b = lex.lookup(acc, cand)
+        b = lex.scores_of(h, cand)
         if pools is not None:
             pools.append((cand, d, b))
         fused = fusion_.fuse(d, b, fusion, alpha)

@@ -43,7 +43,7 @@ import numpy as np
 
 from semsearch.errors import (DocumentNotFound, IndexFormatError, IndexLocked, InputError, SemsearchError,
                               SettingsMismatch)
-from semsearch.limits import MAX_DEPTH, too_deep
+from semsearch.limits import MAX_DEPTH, too_deep, unencodable
 from semsearch.store.faiss_info import faiss_build
 
 log = logging.getLogger(__name__)
@@ -219,30 +219,6 @@ class Scrubber:
 
 
 # ---- text the JSON encoder can write -------------------------------------------------------------
-def _unencodable(value: Any, loc: str = "") -> tuple[str, str, int] | None:
-    """(field, text, position) of the first string in a parsed JSON value (keys included) that is
-    not valid Unicode (a lone surrogate such as "\\ud800", valid JSON but not encodable as UTF-8)."""
-    stack = [(loc, value)]
-    while stack:
-        where, v = stack.pop()
-        if isinstance(v, str):
-            try:
-                v.encode("utf-8")
-            except UnicodeEncodeError as e:
-                return where or "body", v, e.start
-        elif isinstance(v, dict):
-            for k, x in reversed(list(v.items())):
-                sub = f"{where}.{k}" if where else str(k)
-                try:
-                    str(k).encode("utf-8")
-                except UnicodeEncodeError as e:
-                    return f"{where} (a key)" if where else "body (a key)", str(k), e.start
-                stack.append((sub, x))
-        elif isinstance(v, list):
-            stack.extend((f"{where}.{i}" if where else str(i), x) for i, x in reversed(list(enumerate(v))))
-    return None
-
-
 def safe_text(s: str) -> str:
     """s with anything UTF-8 cannot carry written as a backslash escape."""
     return s.encode("utf-8", "backslashreplace").decode("utf-8")
@@ -502,7 +478,7 @@ def create_app(service: Service, limits: Limits | None = None, read_only: bool =
             if deep is not None:  # before anything walks it: deep values broke later steps
                 raise PydanticCustomError("too_deep", "{message}", {"message": (
                     f"{deep[:80]}: nested too deeply (metadata and filters take {MAX_DEPTH} levels)")})
-            bad = _unencodable(data)
+            bad = unencodable(data)
             if bad is not None:
                 where, text, at = bad
                 raise PydanticCustomError("unencodable_text", "{message}", {"message": (

@@ -134,9 +134,10 @@ def test_index_from_before_lexical_search(small_corpus, tmp_path, fake_encoder):
     index_corpus(small_corpus, folder, fake_encoder, progress=False)
     m = json.loads((folder / "manifest.json").read_text())
     db = sqlite3.connect(folder / m["segments"][0]["docs"])  # make it look like an older index
-    db.executescript("DROP TABLE lexical; ALTER TABLE chunks DROP COLUMN lex; ALTER TABLE chunks DROP COLUMN lex_len;")
+    db.executescript("DROP TABLE IF EXISTS lexical; ALTER TABLE chunks DROP COLUMN lex; ALTER TABLE chunks DROP COLUMN lex_len;")
     db.commit()
     db.close()
+    (folder / m["segments"][0].pop("postings")).unlink()
     m["segments"][0].pop("lexical", None)  # written before lexical search: the segment does not claim it
     m["segments"][0].pop("integrity", None)  # an index that old also predates the manifest's integrity records
     (folder / "manifest.json").write_text(json.dumps(m))

@@ -84,7 +84,7 @@ def test_info(sample_index):
     assert r.exit_code == 0
     assert "all-MiniLM-L6-v2" in r.output and "mean" in r.output and "cosine" in r.output
     r = run("info", "--index", sample_index, "--json")
-    assert json.loads(r.output)["format_version"] == 2
+    assert json.loads(r.output)["format_version"] == 3
 
 
 def test_info_says_which_faiss_is_loaded(sample_index):
@@ -262,8 +262,11 @@ def test_auto_type_follows_size_and_memory_budget():
 
     assert choose_type("auto", 1000, 384) == "flat"
     assert choose_type("auto", 2_000_000, 384) == "ivf-fastscan"
-    assert choose_type("auto", 2_000_000, 384, max_bytes_per_vector=500) == "ivf-sq8"
-    assert choose_type("auto", 1000, 384, max_bytes_per_vector=500) == "ivf-sq8"
+    # fast scan keeps 4-bit codes in memory (its full vectors are mapped from a file): it fits 500 bytes
+    assert choose_type("auto", 2_000_000, 384, max_bytes_per_vector=500) == "ivf-fastscan"
+    assert choose_type("auto", 1000, 384, max_bytes_per_vector=500) == "ivf-fastscan"
+    with pytest.raises(Exception, match="no index type fits"):
+        choose_type("auto", 1000, 384, max_bytes_per_vector=20)
     with pytest.raises(Exception, match="valid types are"):
         choose_type("lsh", 10, 384)
 

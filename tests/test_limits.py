@@ -74,6 +74,9 @@ def test_too_deep_counts_levels_and_names_the_place():
     {"year": {">=": [1, 2]}},             # a list where a number goes
     {"year": None},
     {"$path": 5},
+    {"lang": "a\ud800b"},                # a lone surrogate: SQLite cannot bind it (found by the fuzzer)
+    {"$path": "*\udfff"},
+    ["lang=\ud800"],
 ])
 def test_odd_numbers_in_where_are_input_errors(index, where):
     r = Retriever.load(index, encoder=FakeEncoder())
@@ -167,6 +170,25 @@ def test_a_deeply_nested_jsonl_field_is_a_named_error_or_skipped(tmp_path, depth
     assert "r.jsonl:2: record nested more than" in caplog.text
     texts = {h.text for h in Retriever.load(idx, encoder=FakeEncoder()).search("record", k=10, mode="lexical")}
     assert texts == {"first record", "third record"}
+
+
+def test_a_lone_surrogate_in_a_jsonl_record_is_a_named_error_or_skipped(tmp_path, fake_cli, caplog):
+    corpus = tmp_path / "c"
+    corpus.mkdir()
+    (corpus / "r.jsonl").write_text('{"text": "first record"}\n{"text": "broken \\ud800 emoji"}\n{"text": "third record"}\n')
+    res = CliRunner().invoke(main, ["index", str(corpus), "--index", str(tmp_path / "idx")])
+    assert res.exit_code != 0 and "r.jsonl:2" in res.output and "lone surrogate" in res.output, res.output
+    assert "Traceback" not in res.output
+    res = CliRunner().invoke(main, ["index", str(corpus), "--index", str(tmp_path / "idx"), "--skip-errors"])
+    assert res.exit_code == 0, res.output
+    assert len(Retriever.load(tmp_path / "idx", encoder=FakeEncoder()).search("record", k=5, mode="lexical")) == 2
+
+
+def test_python_upsert_refuses_a_lone_surrogate(index):
+    with pytest.raises(InputError, match="lone surrogate"):
+        upsert_documents(index, [Document("d", "text \ud800", {})], FakeEncoder())
+    with pytest.raises(InputError, match="lone surrogate"):
+        upsert_documents(index, [Document("d", "text", {"k": "\udc00"})], FakeEncoder())
 
 
 def test_a_jsonl_field_at_the_limit_is_indexed(tmp_path):

@@ -11,7 +11,7 @@ from typing import Any, Iterator
 from semsearch.corpus.base import Skip, check_utf8 as _check_utf8  # noqa: F401  (Skip: the readers' signal)
 from semsearch.corpus.formats import DOCX_EXTS, HTML_EXTS, PDF_EXTS
 from semsearch.errors import CorpusError, InputError
-from semsearch.limits import MAX_DEPTH, too_deep
+from semsearch.limits import MAX_DEPTH, too_deep, unencodable
 
 log = logging.getLogger(__name__)
 
@@ -223,10 +223,13 @@ def _pick_field_from(path: Path, pending: list[tuple[int, dict]], opts: ReadOpti
 
 def _doc_or_error(path: Path, rec: dict, key: str, row: int, opts: ReadOptions) -> Iterator[Document]:
     deep = too_deep(rec, MAX_DEPTH)
-    doc = None if deep is not None else _to_document(rec, key, row)
+    bad = unencodable(rec, "record") if deep is None else None  # "\ud800" in JSON: SQLite cannot store it
+    doc = None if deep is not None or bad is not None else _to_document(rec, key, row)
     if doc is None:
-        msg = (f"{path}:{row}: record has no {key!r} field" if deep is None else
-               f"{path}:{row}: record nested more than {MAX_DEPTH} levels deep (at {deep[:80]}); the most is {MAX_DEPTH}")
+        msg = (f"{path}:{row}: record nested more than {MAX_DEPTH} levels deep (at {deep[:80]}); the most is {MAX_DEPTH}"
+               if deep is not None else
+               f"{path}:{row}: {bad[0][:80]} is not valid Unicode text ({ascii(bad[1][bad[2]])} at character {bad[2] + 1} "
+               "is a lone surrogate)" if bad is not None else f"{path}:{row}: record has no {key!r} field")
         if opts.skip_errors:
             log.warning("%s; skipped", msg)
             return

@@ -232,8 +232,14 @@ class DocStore:
             raise IndexFormatError(f"{self.path}: damaged lexical index ({e}); {remedy(self.path.parent)}") from e
 
     def write_lexical(self) -> int:
-        """Invert the chunks' terms into posting arrays, for fast loading by readers (at commit)."""
-        return lexical.write(self.db)
+        """Invert the chunks' terms into the segment's posting file beside this docstore
+        (`lexical.<s>.bin`, memory-mapped by readers; at commit); gives back the row count."""
+        rows = self.db.execute("SELECT id, lex, lex_len FROM chunks ORDER BY id").fetchall()
+        p = lexical.Postings.from_rows(np.array([r[0] for r in rows], np.int64), [r[1] for r in rows],
+                                       np.array([r[2] or 0 for r in rows], np.float32))
+        lexical.write_file(self.path.parent / lexical.file_name(self.path.name), p)
+        self.db.execute("DROP TABLE IF EXISTS lexical")  # a merged segment's copy of an older layout
+        return len(p)
 
     def iter_vectors(self, batch: int = 8192) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """(ids (n,), vectors (n, d)) in batches, for rebuilding a vector index."""

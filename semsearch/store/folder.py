@@ -417,10 +417,10 @@ class IndexWriter:
         finally:
             self._states.unlink()
             self._close_base()
-            for f in (self.docs_file, self.vectors_file):
+            for f in (self.docs_file, self.vectors_file, self.vectors_file.replace(".faiss", ".vec"), f"lexical.{self.seg_id}.bin"):
                 (self.folder / f).unlink(missing_ok=True)
             for e in self.extra:
-                for f in [e["docs"], e["vectors"]] + [f"states/{s}" for s in sorted(files_of(e.get("states", [])))]:
+                for f in [e["docs"], e["vectors"]] + [e[k] for k in ("vecs", "postings") if e.get(k)] + [f"states/{s}" for s in sorted(files_of(e.get("states", [])))]:
                     (self.folder / f).unlink(missing_ok=True)
             self._release()
 
@@ -458,7 +458,7 @@ def _current_files(folder: Path) -> set[str]:
         raw = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
         names = {str(v) for v in raw.get("files", {}).values()}
         for s in raw.get("segments", []):
-            names |= {str(s.get(k)) for k in ("docs", "vectors", "deletes") if s.get(k)}
+            names |= {str(s.get(k)) for k in ("docs", "vectors", "vecs", "postings", "deletes") if s.get(k)}
         return names
     except (OSError, ValueError, AttributeError):
         return set()

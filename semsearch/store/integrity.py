@@ -116,7 +116,7 @@ def check_file(folder: Path, name: str, want: dict | None) -> None:
 def check_segment_files(folder: Path, entry: dict) -> None:
     """Each data file of a segment exists with its recorded size and fingerprint."""
     rec = (entry.get("integrity") or {}).get("files") or {}
-    for role in ("vectors", "docs", "deletes"):
+    for role in ("vectors", "vecs", "docs", "postings", "deletes"):
         name = entry.get(role)
         if name:
             check_file(folder, name, rec.get(name))

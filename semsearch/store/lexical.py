@@ -31,6 +31,8 @@ ANALYZER = "words-lower-stop-porter2-v1"  # changes here change every stored ter
 K1 = 1.2  # Lucene's defaults; on SciFact train 0.9/0.4 measured the same (69.81 vs 69.84 nDCG@10)
 B = 0.75
 MAX_TERMS = 1024  # distinct terms kept from a query (a 100 KB query would otherwise score thousands)
+BLOCK = 128  # postings per block of the pruning bounds (Lucene's block size)
+SPARSE_MAX = 1 << 16  # a query whose terms have at most this many postings in all is scored whole
 
 # Lucene's English stop set: frequent words that match nearly every chunk and rank nothing.
 STOPWORDS = frozenset(
@@ -82,20 +84,40 @@ class Postings:
     statistics over every live row of the index, so they are computed at query time."""
 
     def __init__(self, ids: np.ndarray, lengths: np.ndarray, vocab: np.ndarray, indptr: np.ndarray,
-                 postings: np.ndarray, tfs: np.ndarray):
+                 postings: np.ndarray, tfs: np.ndarray, total_length: float | None = None,
+                 blocks: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None):
         self.ids, self.lengths, self.vocab, self.indptr, self.postings, self.tfs = ids, lengths, vocab, indptr, postings, tfs
-        self.total_length = float(np.sum(lengths, dtype=np.float64))  # integer-valued: exact
-        self._per_posting: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        # integer-valued: exact (a file records it, so opening one reads no row)
+        self.total_length = float(np.sum(lengths, dtype=np.float64)) if total_length is None else float(total_length)
+        self._blocks: tuple[np.ndarray, np.ndarray, np.ndarray] | None = blocks
 
-    def per_posting(self, k1: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(tf, tf (k1 + 1), length of the posting's row) per posting as float32, made once: the
-        parts of a BM25 weight that do not depend on the index's statistics, laid out so a query
-        term's weights are a few passes over contiguous slices (no gather by row)."""
-        got = self._per_posting
-        if got is None or got[3] != k1:
-            tf = self.tfs.astype(np.float32)
-            got = self._per_posting = (tf, tf * np.float32(k1 + 1), self.lengths[self.postings].astype(np.float32), k1)
-        return got[:3]
+    def blocks(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(bptr (V + 1,), max tf, min row length) per block of BLOCK postings of each term: term
+        v's blocks are bptr[v]:bptr[v + 1], block i covering its postings i*BLOCK:(i+1)*BLOCK. What
+        a query's pruning bounds are made of (a BM25 weight grows with tf and falls with length, so
+        a block's weight is at most the weight of its largest tf at its shortest row). Made once."""
+        got = self._blocks
+        if got is None:
+            lens = np.diff(self.indptr)
+            nb = -(-lens // BLOCK)
+            bptr = np.concatenate([[0], np.cumsum(nb)]).astype(np.int64)
+            total = int(bptr[-1])
+            if total:
+                first = np.repeat(self.indptr[:-1], nb) + BLOCK * (np.arange(total) - np.repeat(bptr[:-1], nb))
+                maxtf = np.maximum.reduceat(self.tfs, first).astype(np.float32)
+                minlen = np.minimum.reduceat(self.lengths[self.postings], first).astype(np.float32)
+            else:
+                maxtf = minlen = np.zeros(0, np.float32)
+            got = self._blocks = (bptr, maxtf, minlen)
+        return got
+
+    def weight_parts(self, at, k1: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(tf, tf (k1 + 1), length of the posting's row) as float32 for the postings at `at` (a
+        slice or positions): the parts of a BM25 weight that do not depend on the index's
+        statistics, read from the arrays (mapped from disk for a published segment) per query.
+        (Kept whole in memory they cost 12 bytes a posting: 1.7 GB at 1M chunks of 200 words.)"""
+        tf = self.tfs[at].astype(np.float32)
+        return tf, tf * np.float32(k1 + 1), self.lengths[self.postings[at]].astype(np.float32)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -150,6 +172,29 @@ class Postings:
         return np.where(self.vocab[pos] == hashes, pos, -1)
 
 
+def _sorted_unique(x: np.ndarray) -> np.ndarray:
+    """np.unique of int64 rows by a sort (numpy 2's hash-based unique is ~20x slower here)."""
+    x = np.sort(x)
+    if len(x) > 1:
+        keep = np.empty(len(x), bool)
+        keep[0] = True
+        np.not_equal(x[1:], x[:-1], out=keep[1:])
+        x = x[keep]
+    return x
+
+
+def best_n(pos: np.ndarray, s: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The n best of rows `pos` (ascending) by score s, best first; ties go to the lower row
+    (rows are in id order), at the cut too, so the result is one whatever computed the scores."""
+    if len(s) > n:
+        kth = np.partition(s, len(s) - n)[len(s) - n]
+        above = np.flatnonzero(s > kth)
+        keep = np.sort(np.concatenate([above, np.flatnonzero(s == kth)[: n - len(above)]]))
+        pos, s = pos[keep], s[keep]
+    order = np.lexsort((pos, -s))
+    return pos[order], s[order]
+
+
 class LexicalIndex:
     """BM25 over the live rows of one or more posting sets (an index's segments), scored with numpy.
 
@@ -186,6 +231,7 @@ class LexicalIndex:
         # tf (k1 + 1) / (tf + k1 (1 - b) + (k1 b / avg) len): the constants of this set of live rows
         self._c0 = np.float32(k1 * (1 - b))
         self._c1 = np.float32(k1 * b / max(self.average_length, 1e-9))
+        self._bounds: dict[tuple[int, int], float] = {}  # (part, first posting) -> its largest weight / idf
 
     def __len__(self) -> int:
         return self.n
@@ -227,22 +273,164 @@ class LexicalIndex:
         """idf * tf (k1 + 1) / (tf + k1 (1 - b + b len / avg)) of postings lo:hi of part j (float32).
         The same float32 operations on the same per-posting values whatever part a row is in, so
         scores do not depend on the segmentation, bit for bit."""
-        tf, tf1, plen = self.parts[j].per_posting(self.k1)
-        den = plen[lo:hi] * self._c1
+        tf, tf1, plen = self.parts[j].weight_parts(slice(lo, hi), self.k1)
+        den = plen * self._c1
         den += self._c0
-        den += tf[lo:hi]
-        w = np.divide(tf1[lo:hi], den, out=den)
+        den += tf
+        w = np.divide(tf1, den, out=den)
         w *= np.float32(idf)
         return w
 
-    def score_all(self, query: str) -> np.ndarray:
+    def score_all(self, query: str | np.ndarray) -> np.ndarray:
         """BM25 scores (rows,) of every row for query (0 where no query term occurs; deleted rows
         may hold scores: top() leaves them out)."""
+        hashes = self.query_hashes(query) if isinstance(query, str) else np.asarray(query, np.int64)
         acc = np.zeros(len(self.ids), np.float32)
-        for _, idf, spans in self._terms(self.query_hashes(query)):
+        for _, idf, spans in self._terms(hashes):
             for j, lo, hi in spans:
                 acc[self.offsets[j] + self.parts[j].postings[lo:hi]] += self._weights(j, lo, hi, idf)  # a term posts a row at most once
         return acc
+
+    # ---- rank-safe dynamic pruning (MaxScore) --------------------------------------------------
+    def _weights_at(self, j: int, at: np.ndarray, idf: float) -> np.ndarray:
+        """_weights of the postings at positions `at` of part j: the same float32 operations on
+        the same values, so each weight equals the exhaustive scorer's bit for bit."""
+        tf, tf1, plen = self.parts[j].weight_parts(at, self.k1)
+        den = plen * self._c1
+        den += self._c0
+        den += tf
+        w = np.divide(tf1, den, out=den)
+        w *= np.float32(idf)
+        return w
+
+    def _bound(self, idf: float, spans: list[tuple[int, int, int]]) -> float:
+        """An upper bound of a term's weight in any row: the largest of its blocks' bounds (kept
+        per term and part: they depend only on this index's statistics)."""
+        best = 0.0
+        for j, lo, hi in spans:
+            got = self._bounds.get((j, lo))
+            if got is None:
+                p = self.parts[j]
+                bptr, maxtf, minlen = p.blocks()
+                v = int(np.searchsorted(p.indptr, lo, "right")) - 1
+                a, b = int(bptr[v]), int(bptr[v + 1])
+                tf = maxtf[a:b].astype(np.float64)
+                got = self._bounds[(j, lo)] = float((tf * (self.k1 + 1) / (tf + float(self._c0) + float(self._c1) * minlen[a:b])).max())
+            best = max(best, got)
+        # float32 rounding of the real weights may land a hair above this float64 bound
+        return best * idf * (1 + 1e-5) + 1e-6
+
+    def _term_rows(self, idf: float, spans: list[tuple[int, int, int]]) -> tuple[np.ndarray, np.ndarray]:
+        """(global rows, weights) of all a term's postings."""
+        if len(spans) == 1:
+            j, lo, hi = spans[0]
+            return self.offsets[j] + self.parts[j].postings[lo:hi].astype(np.int64), self._weights(j, lo, hi, idf)
+        return self._rows(spans), np.concatenate([self._weights(j, lo, hi, idf) for j, lo, hi in spans])
+
+    def _rows(self, spans: list[tuple[int, int, int]]) -> np.ndarray:
+        """The global rows of a term's postings, sorted (parts hold increasing row ranges)."""
+        return np.concatenate([self.offsets[j] + self.parts[j].postings[lo:hi].astype(np.int64) for j, lo, hi in spans])
+
+    def _add_term(self, acc: np.ndarray, rows: np.ndarray, idf: float, spans: list[tuple[int, int, int]]) -> np.ndarray:
+        """acc (over the sorted global `rows`) plus the term's weights where a row holds it."""
+        for j, lo, hi in spans:
+            base = int(self.offsets[j])
+            a, b = np.searchsorted(rows, [base, int(self.offsets[j + 1])])
+            if a == b:
+                continue
+            plist = self.parts[j].postings[lo:hi]
+            local = rows[a:b] - base
+            at = np.searchsorted(plist, local).clip(0, hi - lo - 1)
+            ok = plist[at] == local
+            if ok.any():
+                acc[a + np.flatnonzero(ok)] += self._weights_at(j, lo + at[ok], idf)
+        return acc
+
+    def top_k(self, query: str | np.ndarray, n: int, allowed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, scores) of the n best live rows with a positive score, best first (ties: lower id
+        first): exactly what top(score_all(query), n, allowed) gives, scores bit for bit, without
+        scoring every posting. MaxScore (Turtle and Flood, 1995): the terms that can lift a row
+        the most are read whole until the rest together cannot lift a row they missed past the
+        current k-th best; the rest are only looked up for the rows still in the running."""
+        hashes = self.query_hashes(query) if isinstance(query, str) else np.asarray(query, np.int64)
+        found = self._terms(hashes)
+        if not found or n <= 0:
+            return np.zeros(0, np.int64), np.zeros(0, np.float32)
+        eligible = self.live if allowed is None else (allowed if self.live is None else allowed & self.live)
+        if sum(hi - lo for _, _, spans in found for _, lo, hi in spans) <= SPARSE_MAX:
+            # few postings: score them all, on the rows they name only (no array over every row)
+            got = [self._term_rows(idf, spans) for _, idf, spans in found]
+            rows = _sorted_unique(np.concatenate([r for r, _ in got]))
+            if eligible is not None:
+                rows = rows[eligible[rows]]
+            exact = np.zeros(len(rows), np.float32)
+            for trows, w in got:  # in query-term order, as score_all() adds them
+                at = np.searchsorted(rows, trows).clip(0, max(len(rows) - 1, 0))
+                ok = rows[at] == trows if len(rows) else np.zeros(len(trows), bool)
+                exact[at[ok]] += w[ok]
+            pos = np.flatnonzero(exact > 0)
+            pos, s = best_n(pos, exact[pos], n)
+            return self.ids[rows[pos]], s
+        bounds = [self._bound(idf, spans) for _, idf, spans in found]
+        order = sorted(range(len(found)), key=lambda t: -bounds[t])
+        rest = [0.0] * (len(order) + 1)  # rest[i]: the bounds of order[i:] summed
+        for i in range(len(order) - 1, -1, -1):
+            rest[i] = rest[i + 1] + bounds[order[i]]
+        rows = np.zeros(0, np.int64)
+        part = np.zeros(0, np.float32)
+        i = 0
+        theta = 0.0
+        while i < len(order):
+            _, idf, spans = found[order[i]]
+            trows, tw = self._term_rows(idf, spans)
+            if eligible is not None:
+                keep = eligible[trows]
+                trows, tw = trows[keep], tw[keep]
+            merged = _sorted_unique(np.concatenate([rows, trows]))
+            acc = np.zeros(len(merged), np.float32)
+            acc[np.searchsorted(merged, rows)] = part
+            acc[np.searchsorted(merged, trows)] += tw
+            rows, part = merged, acc
+            i += 1
+            if len(part) >= n:
+                theta = float(np.partition(part, len(part) - n)[len(part) - n])
+            if rest[i] < theta:  # a row none of the terms so far holds cannot reach the top n
+                break
+        # the rows still in the running: those whose score may yet reach theta
+        for t in order[i:]:
+            alive = part + np.float32(rest[i]) >= theta
+            if not alive.all():
+                rows, part = rows[alive], part[alive]
+            _, idf, spans = found[t]
+            part = self._add_term(part, rows, idf, spans)
+            i += 1
+            if len(part) >= n:
+                theta = max(theta, float(np.partition(part, len(part) - n)[len(part) - n]))
+        # the final scores in query-term order, as score_all() adds them: equal bit for bit
+        exact = np.zeros(len(rows), np.float32)
+        for _, idf, spans in found:
+            exact = self._add_term(exact, rows, idf, spans)
+        pos = np.flatnonzero(exact > 0)
+        pos, s = best_n(pos, exact[pos], n)
+        return self.ids[rows[pos]], s
+
+    def scores_of(self, query: str | np.ndarray, ids: np.ndarray) -> np.ndarray:
+        """BM25 of the given ids (0 for ids no live row holds), as lookup(score_all(query), ids)
+        gives them bit for bit, looking up only these rows in each term's postings."""
+        hashes = self.query_hashes(query) if isinstance(query, str) else np.asarray(query, np.int64)
+        pos, held = self.rows_of(ids)
+        out = np.zeros(len(pos), np.float32)
+        if not held.any():
+            return out
+        rows = pos[held].astype(np.int64)
+        order = np.argsort(rows, kind="stable")
+        acc = np.zeros(len(rows), np.float32)
+        for _, idf, spans in self._terms(hashes):
+            acc = self._add_term(acc, rows[order], idf, spans) if len(rows) else acc
+        tmp = np.empty(len(rows), np.float32)
+        tmp[order] = acc
+        out[held] = tmp
+        return out
 
     def top(self, acc: np.ndarray, n: int, allowed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(ids, scores) of the n best live rows with a positive score in acc, best first;
@@ -253,16 +441,12 @@ class LexicalIndex:
         if self.live is not None:
             hit &= self.live
         pos = np.flatnonzero(hit)
-        s = acc[pos]
-        if len(pos) > n:
-            keep = np.argpartition(-s, n - 1)[:n]
-            pos, s = pos[keep], s[keep]
-        order = np.lexsort((pos, -s))  # ties: lower id first (rows are in id order)
-        return self.ids[pos[order]], s[order]
+        pos, s = best_n(pos, acc[pos], n)
+        return self.ids[pos], s
 
     def search(self, query: str, n: int, allowed: np.ndarray | None = None) -> list[tuple[int, float]]:
         """The n best (id, score) for query, best first; `allowed` is a boolean mask over rows."""
-        ids, s = self.top(self.score_all(query), n, allowed)
+        ids, s = self.top_k(query, n, allowed)
         return list(zip(ids.tolist(), s.tolist()))
 
     def rows_of(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -355,6 +539,92 @@ def write(db: sqlite3.Connection) -> int:
                    [(k, np.ascontiguousarray(v, DTYPES[k]).tobytes()) for k, v in data.items()]
                    + [("meta", json.dumps({"analyzer": ANALYZER, "rows": len(li)}).encode())])
     return len(li)
+
+
+# ---- a published segment's posting file, memory-mapped ------------------------------------------
+# `lexical.<s>.bin` beside the segment's docstore. Layout (little-endian): MAGIC (8 bytes), the
+# analyzer name (32 bytes, NUL-padded), counts n (rows), V (terms), nnz (postings), nb (blocks) and
+# the rows' total length (int64 each), then, each starting at a multiple of 64 bytes: ids (i8, n),
+# lengths (f4, n), vocab (i8, V), indptr (i8, V + 1), postings (i4, nnz), tfs (i4, nnz), bptr
+# (i8, V + 1), block max tf (f4, nb), block min length (f4, nb). Opening maps it and reads the
+# header only: a query reads the pages of its terms' postings (page cache, not heap). Integrity is
+# the manifest's (size, fingerprint, sha256), as for every data file. Written by hand, not .npz:
+# numpy's .npy header parser is not safe from several threads on CPython 3.11 (python/cpython#106905).
+FILE_MAGIC = b"SSLEX\x00\x01\x00"
+_FILE_HEAD = len(FILE_MAGIC) + 32 + 5 * 8
+_FILE_ARRAYS = (("ids", "<i8"), ("lengths", "<f4"), ("vocab", "<i8"), ("indptr", "<i8"), ("postings", "<i4"), ("tfs", "<i4"),
+                ("bptr", "<i8"), ("maxtf", "<f4"), ("minlen", "<f4"))
+
+
+def _file_counts(n: int, v: int, nnz: int, nb: int) -> list[int]:
+    return [n, n, v, v + 1, nnz, nnz, v + 1, nb, nb]
+
+
+def _layout(counts: list[int]) -> tuple[list[int], int]:
+    offsets, at = [], _FILE_HEAD
+    for (_, dt), c in zip(_FILE_ARRAYS, counts):
+        at = -(-at // 64) * 64
+        offsets.append(at)
+        at += np.dtype(dt).itemsize * c
+    return offsets, at
+
+
+def write_file(path, p: Postings) -> None:
+    """Write posting arrays (with their pruning blocks) to a posting file, fsynced."""
+    import os
+
+    bptr, maxtf, minlen = p.blocks()
+    arrays = [p.ids, p.lengths, p.vocab, p.indptr, p.postings, p.tfs, bptr, maxtf, minlen]
+    counts = _file_counts(len(p.ids), len(p.vocab), len(p.postings), len(maxtf))
+    offsets, _ = _layout(counts)
+    head = (FILE_MAGIC + ANALYZER.encode().ljust(32, b"\0")
+            + np.array([counts[0], counts[2], counts[4], counts[7], int(p.total_length)], "<i8").tobytes())
+    with open(path, "wb") as fh:
+        fh.write(head)
+        at = len(head)
+        for (name, dt), a, off in zip(_FILE_ARRAYS, arrays, offsets):
+            fh.write(b"\0" * (off - at))
+            data = np.ascontiguousarray(a, dt).tobytes()
+            fh.write(data)
+            at = off + len(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def open_file(path) -> Postings:
+    """The posting arrays of a posting file, as views of a read-only map (ValueError: not one,
+    or damaged in its header or size)."""
+    import mmap
+    import os
+
+    with open(path, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        if size < _FILE_HEAD:
+            raise ValueError("not a posting file (too short)")
+        raw = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+    if raw[: len(FILE_MAGIC)] != FILE_MAGIC:
+        raise ValueError("not a posting file")
+    if raw[len(FILE_MAGIC): len(FILE_MAGIC) + 32].rstrip(b"\0").decode("ascii", "replace") != ANALYZER:
+        raise ValueError("posting file of another analyzer")
+    n, v, nnz, nb, total = (int(x) for x in np.frombuffer(raw, "<i8", 5, len(FILE_MAGIC) + 32))
+    if min(n, v, nnz, nb) < 0:
+        raise ValueError("damaged posting file header")
+    counts = _file_counts(n, v, nnz, nb)
+    offsets, end = _layout(counts)
+    if size != end:
+        raise ValueError(f"posting file size {size}, its header says {end}")
+    a = {name: np.frombuffer(raw, dt, c, off) for (name, dt), c, off in zip(_FILE_ARRAYS, counts, offsets)}
+    if hasattr(mmap, "MADV_RANDOM"):
+        raw.madvise(mmap.MADV_RANDOM)  # queries read scattered posting lists: no read-ahead around them
+    if (v + 1 and (a["indptr"][0] != 0 or a["indptr"][-1] != nnz)) or (a["bptr"][-1] != nb):
+        raise ValueError("posting offsets out of range")
+    return Postings(a["ids"], a["lengths"], a["vocab"], a["indptr"], a["postings"], a["tfs"], float(total),
+                    (a["bptr"], a["maxtf"], a["minlen"]))
+
+
+def file_name(docs_name: str) -> str:
+    """The posting file of a segment's docstore: docs.<s>.sqlite -> lexical.<s>.bin."""
+    return "lexical." + docs_name.split(".")[1] + ".bin"
 
 
 def load(db: sqlite3.Connection) -> Postings | None:

@@ -16,8 +16,11 @@ from typing import Any
 from semsearch.errors import IndexFormatError
 from semsearch.store.files import DATA_FILE, damaged, fsync_dir, remedy
 
-FORMAT_VERSION = 2
-READABLE = (1, 2)  # format 1 opens as one segment; the next write publishes format 2
+FORMAT_VERSION = 3
+# Format 1 opens as one segment. Format 2 opens as it is: its fast-scan segments hold their full
+# vectors inside the faiss file (RFlat); segments written since have them in `vectors.<s>.vec`
+# (format 3), and the next write publishes format 3. `semsearch compact` rewrites every segment.
+READABLE = (1, 2, 3)
 MANIFEST = "manifest.json"
 
 
@@ -57,7 +60,7 @@ class Manifest:
         """Every data file this manifest names."""
         out: set[str] = set()
         for s in self.segments:
-            out |= {s["docs"], s["vectors"]} | ({s["deletes"]} if s.get("deletes") else set())
+            out |= {s["docs"], s["vectors"]} | {s[k] for k in ("deletes", "vecs", "postings") if s.get(k)}
         return out
 
     def to_json(self) -> str:
@@ -160,6 +163,12 @@ def check_segment(x: dict, folder: Path, name: str) -> None:
         v = x.get(role)
         if not isinstance(v, str) or not DATA_FILE.fullmatch(v) or not v.startswith(role + ".") or not v.endswith(ext):
             raise damaged(folder, name, f"damaged manifest (segment {sid}: file {role!r} is {v!r}, not a data file of this folder)")
+    v = x.get("vecs")
+    if v is not None and not (isinstance(v, str) and DATA_FILE.fullmatch(v) and v == f"vectors.{sid}.vec"):
+        raise damaged(folder, name, f"damaged manifest (segment {sid}: vecs {v!r} is not a data file of this folder)")
+    pf = x.get("postings")
+    if pf is not None and not (isinstance(pf, str) and DATA_FILE.fullmatch(pf) and pf == f"lexical.{sid}.bin"):
+        raise damaged(folder, name, f"damaged manifest (segment {sid}: postings {pf!r} is not a data file of this folder)")
     d = x.get("deletes")
     if d is not None and not (isinstance(d, str) and DATA_FILE.fullmatch(d) and d.startswith("del.")):
         raise damaged(folder, name, f"damaged manifest (segment {sid}: deletes {d!r} is not a data file of this folder)")
@@ -178,7 +187,7 @@ def check_segment(x: dict, folder: Path, name: str) -> None:
     rec = x.get("integrity")
     if rec is not None:
         recs = rec.get("files") if isinstance(rec, dict) else None
-        names = {x["docs"], x["vectors"]} | ({d} if d else set())
+        names = {x["docs"], x["vectors"]} | {f for f in (d, v, pf) if f}
         if not isinstance(recs, dict) or not all(
                 isinstance(v, dict) and _is_int(v.get("size")) and isinstance(v.get("fingerprint"), str)
                 and isinstance(v.get("sha256"), str) for v in recs.values()) \

@@ -150,10 +150,17 @@ def segment_entry(folder: Path, seg_id: int, store: DocStore, vectors, index: di
     counts = store.counts()
     lo, hi = store.db.execute("SELECT MIN(id), MAX(id) FROM chunks").fetchone()
     docs_file, vectors_file = f"docs.{seg_id}.sqlite", f"vectors.{seg_id}.faiss"
+    names = [docs_file, vectors_file]
+    if getattr(vectors, "refine", None) is not None:  # full vectors beside the codes (store/vecfile.py)
+        extra = {**extra, "vecs": f"vectors.{seg_id}.vec"}
+        names.append(extra["vecs"])
+    if (Path(folder) / lexical.file_name(docs_file)).exists():  # its posting file (store/lexical.py)
+        extra = {**extra, "postings": lexical.file_name(docs_file)}
+        names.append(extra["postings"])
     return {"id": seg_id, "docs": docs_file, "vectors": vectors_file, "deletes": None, "rows": counts["chunks"],
             "live": counts["chunks"], "files": counts["files"], "documents": counts["documents"], "min_id": lo, "max_id": hi,
             "index": index, "states": states, "lexical": True, **extra,
-            "integrity": integrity.record(folder, [docs_file, vectors_file], vectors)}
+            "integrity": integrity.record(folder, names, vectors)}
 
 
 # ---- one segment, opened once -------------------------------------------------------------------
@@ -218,8 +225,18 @@ class Segment:
         return self._file_ids
 
     def postings(self):
-        """The segment's BM25 posting arrays (None for a docstore from before lexical search)."""
-        return self.docs.memo("postings", self.docs.lexical)
+        """The segment's BM25 posting arrays, mapped from its posting file (read from the
+        docstore for a segment written before posting files; None before lexical search)."""
+        name = self.entry.get("postings")
+        if not name:
+            return self.docs.memo("postings", self.docs.lexical)
+
+        def mapped():
+            try:
+                return lexical.open_file(self.folder / name)
+            except (OSError, ValueError) as e:
+                raise damaged(self.folder, name, f"damaged ({e})") from e
+        return self.docs.memo("postings", mapped)
 
     def memo(self, key: Any, build):
         return self.docs.memo(key, build)

@@ -25,6 +25,8 @@ from typing import Any, Iterator
 import numpy as np
 
 from semsearch.errors import InputError
+from semsearch.store import vecfile
+from semsearch.store.vecfile import MemoryVectors, VectorFile
 
 log = logging.getLogger(__name__)
 
@@ -41,13 +43,15 @@ KNOB_STEPS = {"nprobe": [1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 
 
 def bytes_per_vector(kind: str, dim: int, hnsw_m: int = 32) -> int:
     """Approximate memory a vector costs in each index type (with its 8-byte id)."""
-    return {"flat": 4 * dim + 8, "ivf": 4 * dim + 8, "ivf-fastscan": 4 * dim + dim // 8 + 16, "ivf-sq8": dim + 8,
+    # ivf-fastscan: its 4-bit codes and id; the full vectors it re-ranks with are mapped from a file
+    return {"flat": 4 * dim + 8, "ivf": 4 * dim + 8, "ivf-fastscan": dim // 8 + 16, "ivf-sq8": dim + 8,
             "hnsw": 4 * dim + 8 + 2 * hnsw_m * 4}[kind]
 
 
 def choose_type(requested: str, n: int, dim: int, max_bytes_per_vector: int | None = None) -> str:
     """The index type for n vectors: exact below AUTO_FLAT_BELOW, else IVF fast scan with exact
-    re-ranking (or IVF-SQ8 when a per-vector memory budget rules out full vectors)."""
+    re-ranking from its mapped vector file (in memory: 4-bit codes, dim / 8 bytes a vector); under a
+    per-vector memory budget too small for flat, fast scan as well."""
     if requested != "auto":
         if requested not in INDEX_TYPES:
             raise InputError(f"unknown index type {requested!r}; valid types are: auto, {', '.join(INDEX_TYPES)}")
@@ -192,6 +196,10 @@ class VectorIndex:
         self._gpu = None  # the GPU mirror, made on first use
         self.built_on = "cpu"  # where build() did its work, for the manifest
         self._cpu_stale = False  # vectors were added to the GPU mirror only: copy back before CPU use
+        # ivf-fastscan's full vectors for exact re-ranking, outside faiss (store/vecfile.py): in
+        # memory while the index is built, mapped from `vectors.<s>.vec` once saved. None for the
+        # other types, and for fast-scan indexes of format 2, whose faiss file holds them (RFlat).
+        self.refine = None
         self.apply_params()
 
     @property
@@ -241,8 +249,8 @@ class VectorIndex:
             nlist = int(params.setdefault("nlist", 1024))
             params.setdefault("k_factor", 100)  # candidates re-ranked exactly = k_factor * k
             m = dim // 4 if dim % 4 == 0 else dim // 2 if dim % 2 == 0 else dim  # 4-bit codes of 4-d sub-vectors
-            inner = faiss.index_factory(dim, f"IVF{nlist},PQ{m}x4fs,RFlat", faiss.METRIC_INNER_PRODUCT)
-            index = faiss.IndexIDMap2(inner)
+            params["refine"] = "file"  # the full vectors go to a mapped file, not into faiss
+            index = faiss.index_factory(dim, f"IVF{nlist},PQ{m}x4fs", faiss.METRIC_INNER_PRODUCT)
         elif kind == "hnsw":
             m = int(params.setdefault("M", 32))
             inner = faiss.IndexHNSWFlat(dim, m, faiss.METRIC_INNER_PRODUCT)
@@ -250,7 +258,15 @@ class VectorIndex:
             index = faiss.IndexIDMap2(inner)
         else:
             raise InputError(f"unknown index type {kind!r}; valid types are: {', '.join(INDEX_TYPES)}")
-        return cls(index, kind, params, device)
+        vi = cls(index, kind, params, device)
+        if vi.external_refine:
+            vi.refine = MemoryVectors(dim)
+        return vi
+
+    @property
+    def external_refine(self) -> bool:
+        """Whether the full vectors for re-ranking live outside faiss (see self.refine)."""
+        return self.kind == "ivf-fastscan" and self.params.get("refine") == "file"
 
     @classmethod
     def build(cls, dim: int, kind: str, batches: Iterator[tuple[np.ndarray, np.ndarray]], n: int,
@@ -316,7 +332,7 @@ class VectorIndex:
             faiss.extract_index_ivf(self._cpu).nprobe = int(self.params["nprobe"])
             if self._gpu is not None:
                 faiss.GpuParameterSpace().set_index_parameter(self._gpu, "nprobe", int(self.params["nprobe"]))
-        if self.kind == "ivf-fastscan" and "k_factor" in self.params:
+        if self.kind == "ivf-fastscan" and "k_factor" in self.params and not self.external_refine:
             faiss.downcast_index(self._cpu.index).k_factor = float(self.params["k_factor"])
         if self.kind == "hnsw" and "efSearch" in self.params:
             faiss.downcast_index(self._cpu.index).hnsw.efSearch = int(self.params["efSearch"])
@@ -329,12 +345,18 @@ class VectorIndex:
     def load(cls, path: Path, kind: str = "flat", params: dict[str, Any] | None = None, device: str = "cpu") -> "VectorIndex":
         import faiss
 
-        return cls(faiss.read_index(str(path)), kind, params, device)
+        vi = cls(faiss.read_index(str(path)), kind, params, device)
+        if vi.external_refine:
+            vi.refine = VectorFile(Path(path).with_suffix(".vec"))
+        return vi
 
     def save(self, path: Path) -> None:
+        """Write the faiss file (and, for ivf-fastscan, its vector file `<name>.vec` beside it)."""
         import faiss
 
         faiss.write_index(self.index, str(path))
+        if self.refine is not None:
+            vecfile.write(Path(path).with_suffix(".vec"), self.refine.ids, self.refine.matrix)
 
     @property
     def ntotal(self) -> int:
@@ -351,6 +373,8 @@ class VectorIndex:
         if not len(ids):
             return
         vectors, ids = np.ascontiguousarray(vectors, np.float32), np.ascontiguousarray(ids, np.int64)
+        if self.refine is not None:
+            self.refine.add(ids, vectors)
         with _GPU_LOCK:
             if self._gpu is not None:  # add on the GPU; the CPU copy is taken from it when next needed
                 self._gpu.add_with_ids(vectors, ids)
@@ -374,6 +398,12 @@ class VectorIndex:
         """(scores (n, k), ids (n, k)); rows may hold fewer than k hits, padded with id -1."""
 
         q = np.ascontiguousarray(queries, np.float32)
+        if self.refine is not None:
+            kk = min(k * int(self.params.get("k_factor", 1)), max(self.ntotal, 1))
+            return self._rerank(q, self._plain_search(q, kk)[1], k)
+        return self._plain_search(q, k)
+
+    def _plain_search(self, q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         if self.device == "cuda" and k <= GPU_MAX_K:
             with _GPU_LOCK:
                 searcher = self._searcher()
@@ -391,6 +421,8 @@ class VectorIndex:
         """The stored vectors (n, d) of the given ids, for the types that keep full vectors behind
         an id map (flat, hnsw, ivf-fastscan's refine store); None for the others (the docstore
         has them). Every id must be in the index."""
+        if self.refine is not None:
+            return self.refine.get(np.asarray(ids, np.int64)) if len(ids) else np.zeros((0, self.refine.dim), np.float32)
         if self.kind not in ("flat", "hnsw", "ivf-fastscan"):
             return None
         index = self.index
@@ -416,7 +448,7 @@ class VectorIndex:
         index = self.index
         if self.kind == "flat":
             params = faiss.SearchParameters(sel=sel)  # the IDMap wrapper translates it to its rows
-        elif self.kind in ("ivf", "ivf-sq8"):
+        elif self.kind in ("ivf", "ivf-sq8") or self.external_refine:
             params = faiss.SearchParametersIVF(sel=sel, nprobe=int(self.params.get("nprobe", 1)))
         elif self.kind == "ivf-fastscan":
             # IDMap2(RefineFlat(IVF fast scan)): the wrapper translates only the top-level selector,
@@ -429,13 +461,36 @@ class VectorIndex:
         else:
             raise InputError(f"unknown index type {self.kind!r}")
         k = max(1, min(k, len(allowed)))
+        kk = min(k * int(self.params.get("k_factor", 1)), max(self.ntotal, 1)) if self.refine is not None else k
         if len(q) > 4:
-            return index.search(q, k, params=params)
-        # A few queries with a selector on one thread: faiss then splits the probed lists over its
-        # OpenMP workers, whose barrier costs more than the work (ivf-fastscan, 100k chunks, 60%
-        # passing, 2 busy cores: 20 ms a query against 0.27 ms on one thread; scripts/bench_filters.py).
-        with one_omp_thread():
-            return index.search(q, k, params=params)
+            got = index.search(q, kk, params=params)
+        else:
+            # A few queries with a selector on one thread: faiss then splits the probed lists over its
+            # OpenMP workers, whose barrier costs more than the work (ivf-fastscan, 100k chunks, 60%
+            # passing, 2 busy cores: 20 ms a query against 0.27 ms on one thread; scripts/bench_filters.py).
+            with one_omp_thread():
+                got = index.search(q, kk, params=params)
+        return self._rerank(q, got[1], k) if self.refine is not None else got
+
+    def _rerank(self, q: np.ndarray, cand: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Each query's candidates (ids (n, K), -1 padded) scored exactly against their full vectors
+        (read from the mapped file: only these rows' pages), best k first (ties: lower id)."""
+        scores = np.full((len(q), k), -np.inf, np.float32)
+        out = np.full((len(q), k), -1, np.int64)
+        for r in range(len(q)):
+            ids = cand[r][cand[r] >= 0]
+            if not len(ids):
+                continue
+            ids = np.sort(ids)  # rows in file order: the pages read in order
+            vecs = self.refine.get(ids)
+            if vecs is None:
+                raise RuntimeError("the vector file lacks ids the index holds")
+            s = vecs @ q[r]
+            m = min(k, len(ids))
+            top = np.argpartition(-s, m - 1)[:m] if m < len(ids) else np.arange(len(ids))
+            order = top[np.lexsort((ids[top], -s[top]))]
+            scores[r, :m], out[r, :m] = s[order], ids[order]
+        return scores, out
 
 
 @contextlib.contextmanager

@@ -1,0 +1,221 @@
+"""An index of 1M-10M chunks on one machine: build, open, memory, query speed, recall, writes.
+
+    python scripts/bench_scale.py [--sizes 1000000,3000000] [--queries 1000] [--keep DIR]
+        [--baseline-ref REF] [--baseline-sizes 1000000]
+
+The corpus is scripts/synthetic.py's: chunks of ~200 words (100-300) from a 100k-term Zipf
+vocabulary with topic structure, vectors clustered around 2,000 topic centres (a stand-in encoder
+reads a chunk's topic from its first word: so only the index's own work is timed). It is written
+as JSONL files (50k records each) and indexed by `semsearch.index`'s own pipeline (reading,
+chunking, segments published every 250k chunks, the final merge, IVF training and tuning).
+
+Per size, each step in its own child process (so its memory is its own):
+- build: wall time and peak RSS;
+- open: Retriever.load time and RSS in a fresh process, then --queries hybrid queries, and
+  --queries / 3 dense and lexical ones: p50 / p99 of each mode, RSS after them;
+- dense recall@10 of 200 queries against exact search over every stored vector;
+- one-document writes: upsert of a new ~700-word document (3 chunks), then its delete: time and
+  bytes written (/proc/self/io write_bytes).
+--baseline-ref REF: the same on the code of commit REF (a git worktree under /tmp), e.g. the last
+commit of the previous index format, at --baseline-sizes, in the same run. The CPU's flags and
+the load average are printed with the figures.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def cpu_flags() -> str:
+    try:
+        flags = set(open("/proc/cpuinfo").read().split())
+    except OSError:
+        return platform.machine()
+    return " ".join(f for f in ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8") if f in flags)
+
+
+def rss() -> int:
+    with open("/proc/self/status") as fh:
+        return next(int(line.split()[1]) * 1024 for line in fh if line.startswith("VmRSS:"))
+
+
+def written() -> int:
+    with open("/proc/self/io") as fh:
+        return next(int(line.split()[1]) for line in fh if line.startswith("write_bytes:"))
+
+
+def write_corpus(folder: Path, n: int, per_file: int = 50_000) -> None:
+    from synthetic import Corpus
+
+    if (folder / "DONE").exists():
+        return
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    corpus = Corpus()
+    for at in range(0, n, per_file):
+        texts, _ = corpus.texts(at, min(per_file, n - at))
+        with open(folder / f"part-{at // per_file:05d}.jsonl", "w") as fh:
+            fh.writelines(json.dumps({"text": t, "n": at + i}) + "\n" for i, t in enumerate(texts))
+    (folder / "DONE").write_text(str(n))
+
+
+# ---- the child steps -------------------------------------------------------------------------------
+def child_build(corpus: Path, index: Path) -> dict:
+    import semsearch.indexing as indexing
+    from synthetic import Corpus, StandInEncoder
+
+    enc = StandInEncoder(Corpus())
+    t = time.perf_counter()
+    indexing.index_corpus(corpus, index, enc, progress=False)
+    return {"seconds": time.perf_counter() - t, "encode_seconds": enc.seconds}
+
+
+def child_measure(index: Path, queries: int) -> dict:
+    from synthetic import Corpus, StandInEncoder
+
+    import faiss  # noqa: F401  (its own pages are not the index's)
+    from semsearch.search import Retriever
+
+    corpus = Corpus()
+    enc = StandInEncoder(corpus)
+    texts = corpus.query_texts(queries + 400, seed=3)
+    out: dict = {"disk_bytes": sum(p.stat().st_size for p in index.iterdir() if p.is_file())}
+    r0 = rss()
+    t = time.perf_counter()
+    r = Retriever.load(index, encoder=enc)
+    out["load_seconds"] = time.perf_counter() - t
+    out["rss_after_load"] = rss()
+    out["rss_before_load"] = r0
+
+    def timed(mode: str, qs: list[str]) -> list[float]:
+        ms = []
+        for q in qs:
+            t0 = time.perf_counter()
+            r.search(q, k=10, mode=mode)
+            ms.append((time.perf_counter() - t0) * 1000)
+        return ms
+
+    r.search(texts[0], k=10)  # the first query's one-off costs (the lexical side's statistics)
+    out["first_query_ms"] = timed("hybrid", texts[1:2])[0]
+    for mode, qs in (("hybrid", texts[2: 2 + queries]), ("dense", texts[2: 2 + queries // 3]),
+                     ("lexical", texts[2: 2 + queries // 3])):
+        ms = timed(mode, qs)
+        out[mode] = {"p50": float(np.percentile(ms, 50)), "p99": float(np.percentile(ms, 99)), "n": len(ms)}
+    out["rss_after_queries"] = rss()
+    # dense recall@10 against exact search over every stored vector
+    rq = texts[queries + 2: queries + 202]
+    qv = enc.encode(rq)
+    best_s = np.full((len(rq), 10), -np.inf, np.float32)
+    best_i = np.full((len(rq), 10), -1, np.int64)
+    for ids, vecs in r.docs.iter_vectors(65536):
+        s = qv @ vecs.T
+        cs, ci = np.concatenate([best_s, s], 1), np.concatenate([best_i, np.broadcast_to(ids, s.shape)], 1)
+        top = np.argpartition(-cs, 9, axis=1)[:, :10]
+        best_s, best_i = np.take_along_axis(cs, top, 1), np.take_along_axis(ci, top, 1)
+    got = [{h.id for h in hits} for hits in r.search_batch(rq, k=10, mode="dense")]
+    out["recall@10"] = float(np.mean([len(g & set(e.tolist())) / 10 for g, e in zip(got, best_i)]))
+    out["index"] = {k: r.manifest.index.get(k) for k in ("type", "params", "recall")}
+    out["segments"] = len(r.manifest.segments)
+    r.close()
+    # one-document writes
+    from semsearch.documents import Document, delete_documents, upsert_documents
+
+    doc = Document("bench-doc", " ".join(corpus.texts(10 ** 9, 4)[0][:3]))
+    for name, fn in (("upsert", lambda: upsert_documents(index, [doc], enc)), ("delete", lambda: delete_documents(index, ["bench-doc"]))):
+        os.sync()
+        w0, t0 = written(), time.perf_counter()
+        fn()
+        out[name] = {"ms": (time.perf_counter() - t0) * 1000, "bytes": written() - w0}
+    return out
+
+
+# ---- the parent ------------------------------------------------------------------------------------
+def run_child_peak(step: str, args: list[str], pythonpath: str | None = None) -> dict:
+    """run_child, with the child's peak RSS (ru_maxrss from wait4)."""
+    env = dict(os.environ)
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
+    proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--child", step, *args],
+                            stdout=subprocess.PIPE, env=env, text=True)
+    out = proc.stdout.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    if os.waitstatus_to_exitcode(status):
+        raise SystemExit(f"child {step} failed ({os.waitstatus_to_exitcode(status)})")
+    got = json.loads(out.strip().splitlines()[-1])
+    got["peak_rss"] = usage.ru_maxrss * 1024
+    return got
+
+
+def worktree(ref: str) -> str:
+    path = Path(f"/tmp/semsearch-baseline-{ref}")
+    if not path.exists():
+        subprocess.run(["git", "-C", str(HERE.parent), "worktree", "add", "--detach", str(path), ref], check=True,
+                       capture_output=True)
+    return str(path)
+
+
+def report(label: str, n: int, b: dict, m: dict) -> None:
+    gb = lambda x: x / 1e9  # noqa: E731
+    print(f"\n== {label}: {n:,} chunks ({m['segments']} segment(s), {m['index']['type']}, {gb(m['disk_bytes']):.2f} GB on disk, "
+          f"{m['disk_bytes'] / n:.0f} B a chunk)")
+    print(f"build        {b['seconds']:.0f} s (encoding {b['encode_seconds']:.0f} s), peak RSS {gb(b['peak_rss']):.2f} GB")
+    print(f"load         {m['load_seconds']:.2f} s; RSS {gb(m['rss_before_load']):.2f} -> {gb(m['rss_after_load']):.2f} GB after load, "
+          f"{gb(m['rss_after_queries']):.2f} GB after the queries ({(m['rss_after_queries'] - m['rss_before_load']) / n:.0f} B a chunk); "
+          f"first hybrid query {m['first_query_ms']:.0f} ms")
+    for mode in ("dense", "lexical", "hybrid"):
+        print(f"{mode:<12} p50 {m[mode]['p50']:7.2f} ms  p99 {m[mode]['p99']:7.2f} ms  (n={m[mode]['n']})")
+    print(f"recall@10    {m['recall@10']:.3f} (dense, 200 queries, against exact search; index {m['index']})")
+    for w in ("upsert", "delete"):
+        print(f"{w:<12} {m[w]['ms']:.0f} ms, {m[w]['bytes'] / 1e6:.2f} MB written")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default="1000000")
+    ap.add_argument("--queries", type=int, default=1000)
+    ap.add_argument("--keep", type=Path, default=Path("/tmp/semsearch-scale"))
+    ap.add_argument("--baseline-ref")
+    ap.add_argument("--baseline-sizes", default="1000000")
+    ap.add_argument("--child")
+    ap.add_argument("rest", nargs="*")
+    a = ap.parse_args()
+    if a.child == "build":
+        print(json.dumps(child_build(Path(a.rest[0]), Path(a.rest[1]))))
+        return
+    if a.child == "measure":
+        print(json.dumps(child_measure(Path(a.rest[0]), int(a.rest[1]))))
+        return
+    print(f"CPU flags: {cpu_flags()}; {os.cpu_count()} cores; load average {os.getloadavg()[0]:.2f}", flush=True)
+    runs = [("current", None, int(s)) for s in a.sizes.split(",")]
+    if a.baseline_ref:
+        runs += [(f"previous ({a.baseline_ref})", worktree(a.baseline_ref), int(s)) for s in a.baseline_sizes.split(",")]
+    results = {}
+    for label, path, n in runs:
+        corpus = a.keep / f"corpus-{n}"
+        write_corpus(corpus, n)
+        index = a.keep / f"index-{n}-{'current' if path is None else 'previous'}"
+        shutil.rmtree(index, ignore_errors=True)
+        print(f"{label}: building {n:,} chunks ...", flush=True)
+        b = run_child_peak("build", [str(corpus), str(index)], path)
+        m = run_child_peak("measure", [str(index), str(a.queries)], path)
+        report(label, n, b, m)
+        results[f"{label} {n}"] = {"build": b, "measure": m}
+        print(f"load average {os.getloadavg()[0]:.2f}", flush=True)
+    (a.keep / "results.json").write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,142 @@
+"""The index on disk, not in memory (format 3): an IVF fast-scan segment keeps 4-bit codes in its
+faiss file and its full vectors in `vectors.<s>.vec`, memory-mapped for exact re-ranking; every
+segment's BM25 postings are in `lexical.<s>.bin`, memory-mapped. Opening reads neither whole.
+Format 2 indexes (vectors inside faiss, postings in SQLite) still open and answer."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from semsearch.errors import IndexFormatError
+from semsearch.indexing import VectorSettings, index_corpus
+from semsearch.search import Retriever
+from semsearch.store import FORMAT_VERSION, vecfile
+from semsearch.store.vectors import VectorIndex
+
+from conftest import REPO, FakeEncoder
+
+WORDS = [f"w{i}" for i in range(300)]
+
+
+@pytest.fixture(scope="module")
+def fastscan(tmp_path_factory):
+    """A one-segment ivf-fastscan index of ~3,000 chunks (forced type), with the fake encoder."""
+    root = tmp_path_factory.mktemp("on-disk")
+    rng = np.random.default_rng(0)
+    (root / "c").mkdir()
+    rows = [{"text": " ".join(rng.choice(WORDS, 12)), "year": int(rng.integers(2000, 2025))} for _ in range(3000)]
+    (root / "c" / "r.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    index_corpus(root / "c", root / "idx", FakeEncoder(), progress=False, vectors=VectorSettings(index_type="ivf-fastscan"))
+    return root / "idx"
+
+
+def test_a_fastscan_segment_keeps_codes_in_faiss_and_vectors_in_a_mapped_file(fastscan):
+    m = json.loads((fastscan / "manifest.json").read_text())
+    assert m["format_version"] == FORMAT_VERSION == 3
+    [seg] = m["segments"]
+    assert seg["index"]["type"] == "ivf-fastscan" and seg["index"]["params"]["refine"] == "file"
+    assert seg["vecs"] == f"vectors.{seg['id']}.vec" and seg["postings"] == f"lexical.{seg['id']}.bin"
+    assert {seg["vecs"], seg["postings"]} <= set(seg["integrity"]["files"])
+    n, dim = seg["rows"], m["dim"]
+    # the faiss file holds 4-bit codes: far less than the float32 vectors it used to carry
+    assert (fastscan / seg["vectors"]).stat().st_size < n * dim * 4 / 4
+    vf = vecfile.VectorFile(fastscan / seg["vecs"])
+    r = Retriever.load(fastscan, encoder=FakeEncoder())
+    ids, vecs = r.docs.get_vectors(vf.ids[:50])
+    assert np.array_equal(ids, vf.ids[:50]) and np.array_equal(vecs, vf.matrix[:50])
+    assert np.array_equal(r.vectors.reconstruct(vf.ids[[3, 7]]), vf.matrix[[3, 7]])
+
+
+def test_dense_search_re_ranks_exactly_from_the_file(fastscan):
+    r = Retriever.load(fastscan, encoder=FakeEncoder())
+    vf = vecfile.VectorFile(next(fastscan.glob("vectors.*.vec")))
+    rng = np.random.default_rng(1)
+    found = 0
+    for _ in range(20):
+        text = " ".join(rng.choice(WORDS, 5))
+        hits = r.search(text, k=10, mode="dense")
+        q = FakeEncoder().encode([text])[0]
+        exact = vf.matrix @ q
+        kth = np.sort(exact)[-10]  # the fake encoder's cosines tie often: any chunk at least this good counts
+        found += sum(float(exact[np.searchsorted(vf.ids, h.id)]) >= kth - 1e-6 for h in hits)
+        for h in hits:  # each score is the exact cosine from the file
+            assert h.score == pytest.approx(float(exact[np.searchsorted(vf.ids, h.id)]), abs=1e-5)
+    assert found / 200 >= 0.9  # recall@10 against exact search
+    hits = r.search("w1 w2", k=5, where={"year": {">=": 2020}}, mode="dense")
+    assert hits and all(h.metadata["year"] >= 2020 for h in hits)
+
+
+@pytest.mark.parametrize("name", ["vectors.{s}.vec", "lexical.{s}.bin"])
+def test_a_damaged_mapped_file_is_named(fastscan, tmp_path, name):
+    import shutil
+
+    idx = tmp_path / "idx"
+    shutil.copytree(fastscan, idx)
+    seg = json.loads((idx / "manifest.json").read_text())["segments"][0]
+    f = idx / name.format(s=seg["id"])
+    with open(f, "r+b") as fh:
+        fh.truncate(f.stat().st_size - 8)
+    with pytest.raises(IndexFormatError, match=f.name):
+        r = Retriever.load(idx, encoder=FakeEncoder())
+        r.search("w1 w2", k=3, mode="hybrid")
+
+
+def test_a_format_2_fastscan_file_with_vectors_inside_still_answers(tmp_path):
+    """Format 2 kept the full vectors inside the faiss file (IDMap2 over IVF-PQ fast scan + RFlat)."""
+    import faiss
+
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((4000, 32)).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    ids = np.arange(4000, dtype=np.int64) * 2 + 5
+    old = faiss.IndexIDMap2(faiss.index_factory(32, "IVF16,PQ8x4fs,RFlat", faiss.METRIC_INNER_PRODUCT))
+    old.train(x)
+    old.add_with_ids(x, ids)
+    faiss.write_index(old, str(tmp_path / "vectors.1.faiss"))
+    vi = VectorIndex.load(tmp_path / "vectors.1.faiss", "ivf-fastscan", {"nlist": 16, "nprobe": 16, "k_factor": 50})
+    assert vi.refine is None and not vi.external_refine
+    s, got = vi.search(x[:3], 5)
+    assert got[:, 0].tolist() == ids[:3].tolist() and s[:, 0] == pytest.approx(1.0, abs=1e-5)
+    assert np.allclose(vi.reconstruct(ids[:2]), x[:2])
+
+
+def test_opening_a_200k_chunk_index_does_not_read_it(tmp_path):
+    """RSS growth of Retriever.load, and after queries, against the index's size on disk: the
+    maps are not read whole. Built with the benchmarks' synthetic builder (dim 32), in a child
+    process so the measurement is its own."""
+    code = textwrap.dedent(f"""
+        import json, sys, numpy as np
+        from pathlib import Path
+        sys.path.insert(0, {str(REPO / 'scripts')!r}); sys.path.insert(0, {str(REPO / 'tests')!r})
+        import bench_filters
+        from conftest import FakeEncoder
+        def rss():
+            return next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmRSS"))
+        folder = Path(sys.argv[1])
+        bench_filters.build(folder, 200_000, 32, np.random.default_rng(0))
+        import faiss  # imported before the first measurement: its own pages are not the index's
+        from semsearch.search import Retriever
+        disk = sum(p.stat().st_size for p in folder.iterdir())
+        enc = FakeEncoder(dim=32); enc.name, enc.fingerprint = "stand-in", "standin01"
+        r0 = rss()
+        r = Retriever.load(folder, encoder=enc)
+        r1 = rss()
+        rng = np.random.default_rng(1)
+        for _ in range(50):
+            r.search(" ".join(f"w{{x}}" for x in rng.zipf(1.3, 4) % 5000), k=10)
+        print(json.dumps({{"disk": disk, "load": r1 - r0, "queries": rss() - r0}}))
+    """)
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "idx")], capture_output=True, text=True,
+                         env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    print(f"\n200k chunks: {got['disk'] / 1e6:.0f} MB on disk; RSS +{got['load'] / 1e6:.1f} MB after load, "
+          f"+{got['queries'] / 1e6:.1f} MB after 50 hybrid queries")
+    assert got["load"] < 0.1 * got["disk"]
+    assert got["queries"] < 0.5 * got["disk"]
