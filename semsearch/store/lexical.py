@@ -209,9 +209,12 @@ class LexicalIndex:
         self.parts = list(parts)
         self.k1, self.b = k1, b
         self.offsets = np.cumsum([0] + [len(p) for p in self.parts])
-        self.ids = np.concatenate([p.ids for p in self.parts]) if self.parts else np.zeros(0, np.int64)
-        if len(self.ids) > 1 and not (np.diff(self.ids) > 0).all():
-            raise ValueError("the rows' ids are not increasing across segments")
+        if len(self.parts) == 1:  # one segment: its (mapped) ids as they are, nothing read up front
+            self.ids = self.parts[0].ids
+        else:
+            self.ids = np.concatenate([p.ids for p in self.parts]) if self.parts else np.zeros(0, np.int64)
+            if len(self.ids) > 1 and not (np.diff(self.ids) > 0).all():  # a segment's own order is checked when written
+                raise ValueError("the rows' ids are not increasing across segments")
         deleted = list(deleted) if deleted is not None else [None] * len(self.parts)
         self._dead: list[np.ndarray | None] = []  # per part: a boolean mask of deleted rows
         self.live: np.ndarray | None = None  # over all rows; None: every row is live

@@ -192,6 +192,9 @@ class Segment:
             raise
         try:
             integrity.check_segment_loaded(self.folder, entry, self.vectors, self.docs)
+            # Mapped now, not at the first lexical query: a writer's merge may delete the file of a
+            # segment this generation still names (readers keep what they opened, as with SQLite).
+            self._postings = self._map_postings() if entry.get("postings") else None
         except BaseException:
             self.docs.close()
             raise
@@ -227,16 +230,16 @@ class Segment:
     def postings(self):
         """The segment's BM25 posting arrays, mapped from its posting file (read from the
         docstore for a segment written before posting files; None before lexical search)."""
-        name = self.entry.get("postings")
-        if not name:
-            return self.docs.memo("postings", self.docs.lexical)
+        if self._postings is not None:
+            return self._postings
+        return self.docs.memo("postings", self.docs.lexical)
 
-        def mapped():
-            try:
-                return lexical.open_file(self.folder / name)
-            except (OSError, ValueError) as e:
-                raise damaged(self.folder, name, f"damaged ({e})") from e
-        return self.docs.memo("postings", mapped)
+    def _map_postings(self) -> Postings:
+        name = self.entry["postings"]
+        try:
+            return lexical.open_file(self.folder / name)
+        except (OSError, ValueError) as e:
+            raise damaged(self.folder, name, f"damaged ({e})") from e
 
     def memo(self, key: Any, build):
         return self.docs.memo(key, build)
