@@ -47,9 +47,11 @@ def cpu_flags() -> str:
     return " ".join(f for f in ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8") if f in flags)
 
 
-def rss() -> int:
+def rss(kind: str = "VmRSS") -> int:
+    """Resident bytes: VmRSS (all), RssAnon (heap: this process's own), RssFile (pages of mapped
+    files: the page cache, which the kernel takes back under pressure)."""
     with open("/proc/self/status") as fh:
-        return next(int(line.split()[1]) * 1024 for line in fh if line.startswith("VmRSS:"))
+        return next(int(line.split()[1]) * 1024 for line in fh if line.startswith(kind + ":"))
 
 
 def written() -> int:
@@ -93,7 +95,7 @@ def child_measure(index: Path, queries: int) -> dict:
     enc = StandInEncoder(corpus)
     texts = corpus.query_texts(queries + 400, seed=3)
     out: dict = {"disk_bytes": sum(p.stat().st_size for p in index.iterdir() if p.is_file())}
-    r0 = rss()
+    r0, r0_anon = rss(), rss("RssAnon")
     t = time.perf_counter()
     r = Retriever.load(index, encoder=enc)
     out["load_seconds"] = time.perf_counter() - t
@@ -115,6 +117,8 @@ def child_measure(index: Path, queries: int) -> dict:
         ms = timed(mode, qs)
         out[mode] = {"p50": float(np.percentile(ms, 50)), "p99": float(np.percentile(ms, 99)), "n": len(ms)}
     out["rss_after_queries"] = rss()
+    out["anon_after_queries"], out["file_after_queries"] = rss("RssAnon"), rss("RssFile")
+    out["anon_before_load"] = r0_anon
     # dense recall@10 against exact search over every stored vector
     rq = texts[queries + 2: queries + 202]
     qv = enc.encode(rq)
@@ -129,6 +133,7 @@ def child_measure(index: Path, queries: int) -> dict:
     out["recall@10"] = float(np.mean([len(g & set(e.tolist())) / 10 for g, e in zip(got, best_i)]))
     out["index"] = {k: r.manifest.index.get(k) for k in ("type", "params", "recall")}
     out["segments"] = len(r.manifest.segments)
+    out["chunks"] = int(r.manifest.counts.get("chunks", 0))
     r.close()
     # one-document writes
     from semsearch.documents import Document, delete_documents, upsert_documents
@@ -171,10 +176,15 @@ def report(label: str, n: int, b: dict, m: dict) -> None:
     gb = lambda x: x / 1e9  # noqa: E731
     print(f"\n== {label}: {n:,} chunks ({m['segments']} segment(s), {m['index']['type']}, {gb(m['disk_bytes']):.2f} GB on disk, "
           f"{m['disk_bytes'] / n:.0f} B a chunk)")
-    print(f"build        {b['seconds']:.0f} s (encoding {b['encode_seconds']:.0f} s), peak RSS {gb(b['peak_rss']):.2f} GB")
+    if b is not None:
+        print(f"build        {b['seconds']:.0f} s (encoding {b['encode_seconds']:.0f} s), peak RSS {gb(b['peak_rss']):.2f} GB")
     print(f"load         {m['load_seconds']:.2f} s; RSS {gb(m['rss_before_load']):.2f} -> {gb(m['rss_after_load']):.2f} GB after load, "
           f"{gb(m['rss_after_queries']):.2f} GB after the queries ({(m['rss_after_queries'] - m['rss_before_load']) / n:.0f} B a chunk); "
           f"first hybrid query {m['first_query_ms']:.0f} ms")
+    if "anon_after_queries" in m:
+        print(f"             of which after the queries: heap (RssAnon) {gb(m['anon_after_queries']):.2f} GB "
+              f"(+{(m['anon_after_queries'] - m['anon_before_load']) / n:.0f} B a chunk), mapped file pages (RssFile) "
+              f"{gb(m['file_after_queries']):.2f} GB")
     for mode in ("dense", "lexical", "hybrid"):
         print(f"{mode:<12} p50 {m[mode]['p50']:7.2f} ms  p99 {m[mode]['p99']:7.2f} ms  (n={m[mode]['n']})")
     print(f"recall@10    {m['recall@10']:.3f} (dense, 200 queries, against exact search; index {m['index']})")
@@ -189,6 +199,7 @@ def main() -> None:
     ap.add_argument("--keep", type=Path, default=Path("/tmp/semsearch-scale"))
     ap.add_argument("--baseline-ref")
     ap.add_argument("--baseline-sizes", default="1000000")
+    ap.add_argument("--measure-only", type=Path)
     ap.add_argument("--child")
     ap.add_argument("rest", nargs="*")
     a = ap.parse_args()
@@ -198,10 +209,15 @@ def main() -> None:
     if a.child == "measure":
         print(json.dumps(child_measure(Path(a.rest[0]), int(a.rest[1]))))
         return
+    if a.measure_only:  # measure a built index again (e.g. on a quiet machine): --measure-only DIR
+        m = run_child_peak("measure", [str(a.measure_only), str(a.queries)])
+        n = m.get("chunks") or 0
+        report(f"measured again: {a.measure_only}", n or 1, None, m)
+        return
     print(f"CPU flags: {cpu_flags()}; {os.cpu_count()} cores; load average {os.getloadavg()[0]:.2f}", flush=True)
-    runs = [("current", None, int(s)) for s in a.sizes.split(",")]
+    runs = [("current", None, int(s)) for s in a.sizes.split(",") if s]  # --sizes "": the baseline alone
     if a.baseline_ref:
-        runs += [(f"previous ({a.baseline_ref})", worktree(a.baseline_ref), int(s)) for s in a.baseline_sizes.split(",")]
+        runs += [(f"previous ({a.baseline_ref})", worktree(a.baseline_ref), int(s)) for s in a.baseline_sizes.split(",") if s]
     results = {}
     for label, path, n in runs:
         corpus = a.keep / f"corpus-{n}"
@@ -214,7 +230,9 @@ def main() -> None:
         report(label, n, b, m)
         results[f"{label} {n}"] = {"build": b, "measure": m}
         print(f"load average {os.getloadavg()[0]:.2f}", flush=True)
-    (a.keep / "results.json").write_text(json.dumps(results, indent=1))
+    out = a.keep / "results.json"
+    old = json.loads(out.read_text()) if out.exists() else {}
+    out.write_text(json.dumps({**old, **results}, indent=1))
 
 
 if __name__ == "__main__":

@@ -273,16 +273,8 @@ class LexicalIndex:
         return out
 
     def _weights(self, j: int, lo: int, hi: int, idf: float) -> np.ndarray:
-        """idf * tf (k1 + 1) / (tf + k1 (1 - b + b len / avg)) of postings lo:hi of part j (float32).
-        The same float32 operations on the same per-posting values whatever part a row is in, so
-        scores do not depend on the segmentation, bit for bit."""
-        tf, tf1, plen = self.parts[j].weight_parts(slice(lo, hi), self.k1)
-        den = plen * self._c1
-        den += self._c0
-        den += tf
-        w = np.divide(tf1, den, out=den)
-        w *= np.float32(idf)
-        return w
+        """idf * tf (k1 + 1) / (tf + k1 (1 - b + b len / avg)) of postings lo:hi of part j (float32)."""
+        return self._weights_at(j, slice(lo, hi), idf)
 
     def score_all(self, query: str | np.ndarray) -> np.ndarray:
         """BM25 scores (rows,) of every row for query (0 where no query term occurs; deleted rows
@@ -295,9 +287,11 @@ class LexicalIndex:
         return acc
 
     # ---- rank-safe dynamic pruning (MaxScore) --------------------------------------------------
-    def _weights_at(self, j: int, at: np.ndarray, idf: float) -> np.ndarray:
-        """_weights of the postings at positions `at` of part j: the same float32 operations on
-        the same values, so each weight equals the exhaustive scorer's bit for bit."""
+    def _weights_at(self, j: int, at, idf: float) -> np.ndarray:
+        """_weights of the postings at `at` (a slice or positions) of part j. The same float32
+        operations on the same per-posting values whatever part a row is in and however it is
+        reached (a whole list or a look-up), so scores do not depend on the segmentation or the
+        pruning, bit for bit."""
         tf, tf1, plen = self.parts[j].weight_parts(at, self.k1)
         den = plen * self._c1
         den += self._c0
