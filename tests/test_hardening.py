@@ -374,6 +374,15 @@ def test_an_interrupted_run_resumes_what_it_had_embedded(tmp_path):
     assert [(h.text, round(h.score, 5)) for h in a] == [(h.text, round(h.score, 5)) for h in b]
 
 
+def test_a_fresh_index_with_duplicate_chunks_reports_nothing_resumed(tmp_path):
+    """Duplicate texts in one run meet their own vectors in the resume cache: that is not work
+    resumed from an interrupted run, and the summary must not say so."""
+    same = "the same paragraph about loans, credit scores and mortgage rates"
+    src = corpus(tmp_path / "corpus", {f"copy{i}.txt": same for i in range(6)} | {"other.txt": "lentil soup"})
+    rep = index_corpus(src, tmp_path / "idx", FakeEncoder(), flush_chunks=2)
+    assert rep.resumed == 0 and "resumed" not in rep.summary()
+
+
 # ---- 8. a long-lived Retriever picks up a new generation --------------------------------------
 def test_retriever_refreshes_after_a_reindex(built):
     src, folder = built

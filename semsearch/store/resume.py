@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import sqlite3
 from pathlib import Path
 
@@ -30,7 +31,10 @@ class ResumeCache:
     def __init__(self, folder: Path, key: str):
         self.path = Path(folder) / NAME
         self.key = key
-        self.reused = 0
+        self.reused = 0  # chunks whose vectors an earlier, interrupted run had embedded
+        # Each row records the run that wrote it: a text this run embedded and then met again (a
+        # duplicate chunk) is not work resumed from an interrupted run.
+        self.run = os.urandom(8).hex()
         self._db: sqlite3.Connection | None = None  # opened at the first batch: a run that embeds nothing leaves no file
 
     @property
@@ -48,7 +52,10 @@ class ResumeCache:
         db = sqlite3.connect(self.path)
         db.execute("PRAGMA synchronous = OFF")  # a cache: a torn write only costs re-embedding
         db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT NOT NULL)")
-        db.execute("CREATE TABLE IF NOT EXISTS vectors (h BLOB PRIMARY KEY, v BLOB NOT NULL)")
+        if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'vectors'").fetchone() and \
+                "run" not in {r[1] for r in db.execute("PRAGMA table_info(vectors)")}:
+            db.execute("DROP TABLE vectors")  # a cache from before runs were recorded: re-embedding is the cost
+        db.execute("CREATE TABLE IF NOT EXISTS vectors (h BLOB PRIMARY KEY, v BLOB NOT NULL, run TEXT)")
         row = db.execute("SELECT key FROM meta").fetchone()
         if row is None or row[0] != self.key:  # another model or pooling: useless
             db.execute("DELETE FROM vectors")
@@ -65,14 +72,18 @@ class ResumeCache:
         """Vectors (n, d) for texts: from the cache where they are, else encoded and cached."""
         keys = [self._h(t) for t in texts]
         found: dict[bytes, np.ndarray] = {}
+        earlier: set[bytes] = set()  # found, and written by another run
         try:
             for i in range(0, len(keys), 500):
                 part = keys[i : i + 500]
-                rows = self.db.execute(f"SELECT h, v FROM vectors WHERE h IN ({','.join('?' * len(part))})", part)
-                found.update((h, np.frombuffer(v, np.float32)) for h, v in rows)
+                rows = self.db.execute(f"SELECT h, v, run FROM vectors WHERE h IN ({','.join('?' * len(part))})", part)
+                for h, v, run in rows:
+                    found[h] = np.frombuffer(v, np.float32)
+                    if run != self.run:
+                        earlier.add(h)
         except sqlite3.Error as e:
             log.warning("%s: resume cache unreadable (%s); encoding everything", self.path, e)
-            found = {}
+            found, earlier = {}, set()
         found = {h: v for h, v in found.items() if v.shape == (encoder.out_dim,)}
         todo = [i for i, h in enumerate(keys) if h not in found]
         out = np.empty((len(texts), encoder.out_dim), np.float32)
@@ -80,15 +91,15 @@ class ResumeCache:
             new = encoder.encode([texts[i] for i in todo], progress=False)
             out[todo] = new
             try:
-                self.db.executemany("INSERT OR REPLACE INTO vectors VALUES (?, ?)",
-                                    [(keys[i], np.ascontiguousarray(v, np.float32).tobytes()) for i, v in zip(todo, new)])
+                self.db.executemany("INSERT OR REPLACE INTO vectors VALUES (?, ?, ?)",
+                                    [(keys[i], np.ascontiguousarray(v, np.float32).tobytes(), self.run) for i, v in zip(todo, new)])
                 self.db.commit()
             except sqlite3.Error as e:
                 log.warning("%s: could not write the resume cache (%s)", self.path, e)
         for i, h in enumerate(keys):
             if h in found:
                 out[i] = found[h]
-        self.reused += len(texts) - len(todo)
+        self.reused += sum(1 for h in keys if h in found and h in earlier)
         return out
 
     def close(self) -> None:
