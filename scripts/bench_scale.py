@@ -62,7 +62,8 @@ def written() -> int:
 def write_corpus(folder: Path, n: int, per_file: int = 50_000) -> None:
     from synthetic import Corpus
 
-    if (folder / "DONE").exists():
+    done = folder.parent / f"{folder.name}.done"  # beside the corpus, not in it (the indexer would skip it)
+    if done.exists():
         return
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
@@ -71,7 +72,7 @@ def write_corpus(folder: Path, n: int, per_file: int = 50_000) -> None:
         texts, _ = corpus.texts(at, min(per_file, n - at))
         with open(folder / f"part-{at // per_file:05d}.jsonl", "w") as fh:
             fh.writelines(json.dumps({"text": t, "n": at + i}) + "\n" for i, t in enumerate(texts))
-    (folder / "DONE").write_text(str(n))
+    done.write_text(str(n))
 
 
 # ---- the child steps -------------------------------------------------------------------------------
