@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import resource
 import socket
 import statistics
@@ -25,14 +24,8 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 REPO = Path(__file__).resolve().parent.parent
-
-
-def cpu_flags() -> str:
-    try:
-        flags = set(open("/proc/cpuinfo").read().split())
-    except OSError:
-        return platform.machine()
-    return " ".join(f for f in ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8") if f in flags)
+sys.path.insert(0, str(REPO / "scripts"))
+from bench_filters import cpu_flags  # noqa: E402
 
 
 def rss_mb() -> float:

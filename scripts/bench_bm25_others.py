@@ -65,7 +65,8 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))  # semsearch from this source tree
-from bench_bm25 import postings  # noqa: E402
+from bench_bm25 import postings, pruned_against_exhaustive  # noqa: E402
+from bench_filters import cpu_flags  # noqa: E402
 from synthetic import Corpus  # noqa: E402
 
 from semsearch.store.lexical import LexicalIndex  # noqa: E402
@@ -74,14 +75,6 @@ K1, B = 1.2, 0.75
 KS = (10, 100)
 BLOCK = 50_000  # chunks whose texts are made at a time
 WARMUP = 20  # queries run once before timing
-
-
-def cpu_flags() -> str:
-    try:
-        flags = set(open("/proc/cpuinfo").read().split())
-    except OSError:
-        return "?"
-    return " ".join(f for f in ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8") if f in flags)
 
 
 def texts(corpus: Corpus, start: int, n: int) -> list[str]:
@@ -260,18 +253,7 @@ def main() -> None:
             li.top_k(q, max(KS))
             li.top(li.score_all(q), max(KS))
         for k in KS:
-            ex, pr, same = [], [], 0
-            ref[k] = []
-            for q in qterms:
-                t0 = time.perf_counter()
-                e_ids, e_s = li.top(li.score_all(q), k)
-                t1 = time.perf_counter()
-                p_ids, p_s = li.top_k(q, k)
-                t2 = time.perf_counter()
-                ex.append((t1 - t0) * 1000)
-                pr.append((t2 - t1) * 1000)
-                same += bool(np.array_equal(e_ids, p_ids) and np.array_equal(e_s, p_s))
-                ref[k].append(e_ids.astype(np.int64))
+            ex, pr, same, ref[k] = pruned_against_exhaustive(li, qterms, k)
             if "semsearch" in engines:
                 print(f"  {'semsearch top_k':<22} k={k:<4} p50 {pct(pr, 50):8.2f} ms  p99 {pct(pr, 99):8.2f} ms | "
                       f"same top-{k} (ids and scores) as exhaustive: {same}/{len(qterms)}")

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -36,15 +35,8 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+from bench_filters import cpu_flags  # noqa: E402
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-
-def cpu_flags() -> str:
-    try:
-        flags = set(open("/proc/cpuinfo").read().split())
-    except OSError:
-        return platform.machine()
-    return " ".join(f for f in ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8") if f in flags)
 
 
 def rss(kind: str = "VmRSS") -> int:
