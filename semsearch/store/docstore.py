@@ -234,9 +234,7 @@ class DocStore:
     def write_lexical(self) -> int:
         """Invert the chunks' terms into the segment's posting file beside this docstore
         (`lexical.<s>.bin`, memory-mapped by readers; at commit); gives back the row count."""
-        rows = self.db.execute("SELECT id, lex, lex_len FROM chunks ORDER BY id").fetchall()
-        p = lexical.Postings.from_rows(np.array([r[0] for r in rows], np.int64), [r[1] for r in rows],
-                                       np.array([r[2] or 0 for r in rows], np.float32))
+        p = lexical.invert(self.db)
         lexical.write_file(self.path.parent / lexical.file_name(self.path.name), p)
         self.db.execute("DROP TABLE IF EXISTS lexical")  # a merged segment's copy of an older layout
         return len(p)

@@ -496,10 +496,9 @@ class LexicalIndex:
         return cols, lengths
 
 
-# ---- persistence in the docstore ------------------------------------------------------------
+# ---- the docstore's terms, and the posting blobs of format 2 (read, no longer written) -----------
 ARRAYS = ("ids", "lengths", "vocab", "indptr", "postings", "tfs")
 DTYPES = {"ids": np.int64, "lengths": np.float32, "vocab": np.int64, "indptr": np.int64, "postings": np.int32, "tfs": np.int32}
-SCHEMA = "CREATE TABLE IF NOT EXISTS lexical (name TEXT PRIMARY KEY, data BLOB NOT NULL);"
 
 
 def has_terms(db: sqlite3.Connection) -> bool:
@@ -524,18 +523,11 @@ def add_columns(db: sqlite3.Connection, missing_only: bool = False) -> bool:
     return True
 
 
-def write(db: sqlite3.Connection) -> int:
-    """Invert the chunks' terms into the `lexical` table (at commit); gives back the row count."""
-    db.executescript(SCHEMA)
+def invert(db: sqlite3.Connection) -> Postings:
+    """The posting arrays of a docstore's chunk rows (their stored terms), inverted."""
     rows = db.execute("SELECT id, lex, lex_len FROM chunks ORDER BY id").fetchall()
-    li = Postings.from_rows(np.array([r[0] for r in rows], np.int64), [r[1] for r in rows],
-                                np.array([r[2] or 0 for r in rows], np.float32))
-    data = {k: getattr(li, k) for k in ARRAYS}
-    db.execute("DELETE FROM lexical")
-    db.executemany("INSERT INTO lexical (name, data) VALUES (?, ?)",
-                   [(k, np.ascontiguousarray(v, DTYPES[k]).tobytes()) for k, v in data.items()]
-                   + [("meta", json.dumps({"analyzer": ANALYZER, "rows": len(li)}).encode())])
-    return len(li)
+    return Postings.from_rows(np.array([r[0] for r in rows], np.int64), [r[1] for r in rows],
+                              np.array([r[2] or 0 for r in rows], np.float32))
 
 
 # ---- a published segment's posting file, memory-mapped ------------------------------------------
@@ -638,6 +630,4 @@ def load(db: sqlite3.Connection) -> Postings | None:
         if meta.get("analyzer") == ANALYZER and meta.get("rows") == n and all(k in blobs for k in ARRAYS):
             a = {k: np.frombuffer(blobs[k], DTYPES[k]) for k in ARRAYS}
             return Postings(a["ids"], a["lengths"], a["vocab"], a["indptr"], a["postings"], a["tfs"]).check()
-    rows = db.execute("SELECT id, lex, lex_len FROM chunks ORDER BY id").fetchall()
-    return Postings.from_rows(np.array([r[0] for r in rows], np.int64), [r[1] for r in rows],
-                                  np.array([r[2] or 0 for r in rows], np.float32))
+    return invert(db)
