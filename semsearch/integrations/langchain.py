@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-import threading
 import uuid
 import weakref
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 from semsearch.errors import InputError
+from semsearch.store.folder import writer_lock
 from semsearch.integrations.common import (check_k, check_mode, check_where, hit_metadata, open_retriever, require, search,
                                            where_from_langchain)
 
@@ -143,18 +143,6 @@ class SemsearchEmbeddings(Embeddings):
         return await run_in_executor(None, self.embed_query, text)
 
 
-_WRITE_LOCKS: dict[str, threading.Lock] = {}
-_WRITE_LOCKS_LOCK = threading.Lock()
-
-
-def _write_lock(folder: Path) -> threading.Lock:
-    """One lock per index folder in this process: the index's own lock refuses a second writer
-    (IndexLocked) rather than waiting, so writes from this process's threads queue here."""
-    key = os.path.realpath(folder)
-    with _WRITE_LOCKS_LOCK:
-        return _WRITE_LOCKS.setdefault(key, threading.Lock())
-
-
 class SemsearchVectorStore(VectorStore):
     """A LangChain vector store over a semsearch index folder.
 
@@ -190,7 +178,7 @@ class SemsearchVectorStore(VectorStore):
             from semsearch.indexing import encoder_for_index
 
             encoder = encoder if encoder is not None else encoder_for_index(None, device=device)
-            with _write_lock(folder):
+            with writer_lock(folder):
                 create_index(folder, encoder)
         return cls(Retriever.load(folder, device=device, encoder=encoder), mode=mode)
 
@@ -247,7 +235,7 @@ class SemsearchVectorStore(VectorStore):
         if not documents:
             return []
         docs = [ApiDocument(i, d.page_content, dict(d.metadata or {})) for i, d in zip(ids, documents)]
-        with _write_lock(self.folder):
+        with writer_lock(self.folder):
             upsert_documents(self.folder, docs, self._retriever.encoder)
             self._retriever.refresh()
         return ids
@@ -262,7 +250,7 @@ class SemsearchVectorStore(VectorStore):
             raise InputError("delete takes the ids of the documents to remove")
         if not ids:
             return True
-        with _write_lock(self.folder):
+        with writer_lock(self.folder):
             delete_documents(self.folder, list(ids), missing_ok=True)
             self._retriever.refresh()
         return True

@@ -12,6 +12,7 @@ import datetime as dt
 import fcntl
 import os
 import json
+import threading
 
 import numpy as np
 from pathlib import Path
@@ -201,6 +202,20 @@ class WriteStore:
 
     def get_vectors(self, ids):
         return self.new.get_vectors(ids)
+
+
+_WRITER_LOCKS: dict[str, threading.Lock] = {}
+_WRITER_LOCKS_LOCK = threading.Lock()
+
+
+def writer_lock(folder: str | os.PathLike) -> threading.Lock:
+    """One lock per index folder in this process, for everything that writes it (the HTTP and MCP
+    servers, the framework stores, `watch`): the index's own file lock refuses a second writer
+    (IndexLocked) rather than waiting, so writers of one process queue here, each reading the
+    manifest it builds on only once it holds this lock."""
+    key = os.path.realpath(folder)
+    with _WRITER_LOCKS_LOCK:
+        return _WRITER_LOCKS.setdefault(key, threading.Lock())
 
 
 class IndexWriter:
