@@ -154,6 +154,57 @@ def index(corpus, index, model, pooling, head, device, precision, chunk_tokens, 
 
 
 @main.command()
+@click.argument("folder", type=click.Path(path_type=Path))
+@index_option
+@click.option("--include", "include", multiple=True, metavar="GLOB", help="Index only files matching GLOB (gitignore syntax, relative to FOLDER: '*.html', 'docs/**/*.md'); repeatable.")
+@click.option("--exclude", "exclude", multiple=True, metavar="GLOB", help="Leave out files or folders matching GLOB (as --include); repeatable. FOLDER/.semsearchignore (gitignore syntax) is also read, and re-read when it changes.")
+@click.option("--debounce", "debounce", type=click.IntRange(min=1), default=300, show_default=True, metavar="MS",
+              help="Quiet time that ends a batch: changes are gathered until none came for MS milliseconds (or for at most --max-wait), then published as one generation.")
+@click.option("--max-wait", "max_wait", type=click.IntRange(min=1), default=5000, show_default=True, metavar="MS",
+              help="Publish a batch after at most MS milliseconds even while changes keep coming.")
+@click.option("--poll", is_flag=True, help="Poll the folder for changes instead of using file-system events (for network and other file systems that give none).")
+@click.option("--poll-interval", "poll_ms", type=click.IntRange(min=10), default=300, show_default=True, metavar="MS", help="With --poll: how often the folder is scanned.")
+@click.option("--model", default=None, help="Model folder or hub name for a new index. Default: the index's model, else the bundled all-MiniLM-L6-v2.")
+@device_option
+@click.option("--precision", type=click.Choice(["auto", "fp32", "bf16", "fp16", "int8"]), default="auto", show_default=True,
+              help="Encoder arithmetic (see `index --help`). On an existing index, auto keeps the index's own arithmetic.")
+@click.option("--chunk-tokens", type=int, default=None, help="Tokens per chunk for a new index. Default: the index's, else the model's max length - 2 (254).")
+@click.option("--overlap", type=int, default=None, help="Tokens shared by consecutive chunks for a new index. Default: the index's, else 32.")
+@click.option("--text-column", default=None, help="Column (CSV/TSV/Parquet) or field (JSON/JSONL) holding the text; 'title,text' joins several. Default: found automatically.")
+@click.option("--skip-errors", is_flag=True, help="Skip malformed CSV/JSONL lines, and files that cannot be read (any format), with a warning. Without it a batch that meets one publishes nothing, says why, and the next change retries.")
+@click.option("--checksum", is_flag=True, help="Hash every file to find changes, instead of trusting an unchanged size, mtime, ctime and inode.")
+@click.option("--progress/--no-progress", default=None, help="Progress bar for the catch-up at start. Default: shown on a terminal.")
+@handle_errors
+def watch(folder, index, include, exclude, debounce, max_wait, poll, poll_ms, model, device, precision, chunk_tokens, overlap,
+          text_column, skip_errors, checksum, progress):
+    """Keep an index in step with FOLDER until stopped (Ctrl-C).
+
+    First catches up as `semsearch index FOLDER` would (new and changed files embedded, deleted
+    ones removed), then watches: created, changed, renamed and deleted files are gathered into
+    batches (see --debounce), and each batch is published as one atomic generation, with a line
+    saying what it did. Files the index would not take (hidden, editor temporaries, excluded,
+    the index folder itself) start no work. A batch that fails publishes nothing and watching
+    goes on; a kill loses nothing published, and the next start catches up.
+    """
+    import time
+
+    from semsearch.watch import Watcher
+
+    def log(line: str) -> None:
+        click.echo(f"{time.strftime('%H:%M:%S')} {line}")
+
+    w = Watcher(folder, index, include=include, exclude=exclude, debounce_ms=debounce, max_wait_ms=max(max_wait, debounce),
+                poll=poll, poll_ms=poll_ms, model=model, device=device, precision=precision, chunk_tokens=chunk_tokens,
+                overlap=overlap, text_column=text_column, skip_errors=skip_errors, checksum=checksum, progress=progress, log=log)
+    how = f"polling every {poll_ms} ms" if poll else "file-system events"
+    click.echo(f"watching {w.corpus} into {w.folder} ({how}, debounce {debounce} ms); Ctrl-C to stop", err=True)
+    try:
+        w.run()
+    except KeyboardInterrupt:
+        click.echo("stopped watching", err=True)
+
+
+@main.command()
 @click.argument("query", required=True)
 @index_option
 @click.option("-k", "k", type=click.IntRange(min=1), default=10, show_default=True, help="Number of hits per query.")
