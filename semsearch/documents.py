@@ -212,7 +212,15 @@ def stored_documents(store, ids: Iterable[str]) -> dict[str, Document]:
     each one's text joined from its chunks (from its first to its last token: surrounding blanks
     are not kept; in an index chunked without overlap, one space joins windows) and its metadata.
     Ids it does not hold are left out."""
-    paths = [doc_path(i) for i in dict.fromkeys(ids)]
+    found = joined_documents(store, [doc_path(i) for i in dict.fromkeys(ids)])
+    return {doc_id_of(p): Document(doc_id_of(p), text, meta) for p, (text, meta, _) in found.items()}
+
+
+def joined_documents(store, paths: Iterable[str]) -> dict[str, tuple[str, dict[str, Any], int]]:
+    """(text, metadata, chunks) of the documents or files at these docstore paths, by path, in the
+    order asked: the text joined from the chunks as `stored_documents` says; the metadata of the
+    first chunk. Paths the store does not hold are left out."""
+    paths = list(dict.fromkeys(paths))
     parts: dict[str, list[tuple]] = {}
     for at in range(0, len(paths), 500):
         part = paths[at : at + 500]
@@ -220,7 +228,7 @@ def stored_documents(store, ids: Iterable[str]) -> dict[str, Document]:
                                    f"f.path IN ({','.join('?' * len(part))})", tuple(part)), key=lambda r: (r[1], r[2]))
         for _, path, _, *chunk in rows:
             parts.setdefault(path, []).append(chunk)
-    out: dict[str, Document] = {}
+    out: dict[str, tuple[str, dict[str, Any], int]] = {}
     for path in paths:
         if path not in parts:
             continue
@@ -232,7 +240,7 @@ def stored_documents(store, ids: Iterable[str]) -> dict[str, Document]:
                 text += chunk[done - start:]
             done = max(done or 0, end)
         meta = parts[path][0][3]
-        out[doc_id_of(path)] = Document(doc_id_of(path), text, json.loads(meta) if meta else {})
+        out[path] = (text, json.loads(meta) if meta else {}, len(parts[path]))
     return out
 
 
