@@ -229,21 +229,28 @@ class Watcher:
         catch_up, retry_at = True, None
         # The watch is armed before the catch-up walk (the first yield comes after at most one
         # tick), so a change made while catching up is seen by the next batch, not lost.
-        for changes in watchfiles.watch(self.corpus, watch_filter=self.rules, debounce=self.max_wait_ms,
-                                        step=self.debounce_ms, stop_event=stop, rust_timeout=TICK_MS,
-                                        yield_on_timeout=True, force_polling=self.poll, poll_delay_ms=self.poll_ms):
-            if stop.is_set():
-                break
+        events = watchfiles.watch(self.corpus, watch_filter=self.rules, debounce=self.max_wait_ms, step=self.debounce_ms,
+                                  stop_event=stop, rust_timeout=TICK_MS, yield_on_timeout=True, force_polling=self.poll,
+                                  poll_delay_ms=self.poll_ms)
+        try:
+            for changes in events:
+                if stop.is_set():
+                    break
+                self._check_alive()
+                pending |= {path for _, path in changes}
+                if not (catch_up or pending or (retry_at is not None and time.monotonic() >= retry_at)):
+                    continue
+                report = self._batch(0 if catch_up else self.batches + 1, pending)
+                if report.number:
+                    self.batches += 1
+                catch_up, pending = False, set()
+                retry_at = time.monotonic() + RETRY_S if report.retry else None
+                self.ready.set()
+        except OSError as e:  # from the watch itself (a batch reports its own): no events to be had
             self._check_alive()
-            pending |= {path for _, path in changes}
-            if not (catch_up or pending or (retry_at is not None and time.monotonic() >= retry_at)):
-                continue
-            report = self._batch(0 if catch_up else self.batches + 1, pending)
-            if report.number:
-                self.batches += 1
-            catch_up, pending = False, set()
-            retry_at = time.monotonic() + RETRY_S if report.retry else None
-            self.ready.set()
+            raise InputError(f"cannot watch {self.corpus}: {e}; --poll (poll=True) scans it instead") from e
+        finally:
+            events.close()  # ends the file-system watch at once
 
     def _load_encoder(self) -> None:
         from semsearch.indexing import encoder_for_index, load_base, resolve_chunking
@@ -297,7 +304,7 @@ class Watcher:
                 raise
             if not isinstance(e, SemsearchError):
                 logger.debug("batch %d failed", number, exc_info=True)
-            hint = "" if self.read.skip_errors else " (fix the file, or watch with --skip-errors to skip such files)"
+            hint = "" if self.read.skip_errors or "--skip-errors" in str(e) else " (fix the file, or watch with --skip-errors)"
             rep.error = f"FAILED, nothing published: {e}{hint}; the next change retries"
         rep.seconds = time.perf_counter() - t0
         self.last = rep
