@@ -472,51 +472,142 @@ def train(beir, split, dev_split, pairs, index, train_layers, pseudo_queries, ou
                    f"`semsearch index CORPUS --head {out}` records it on an index without re-encoding")
 
 
+def exposure_options(fn):
+    """--api-key, --api-key-file, --insecure, --allowed-host: who may reach a server beyond loopback."""
+    for opt in reversed([
+        click.option("--api-key", default=None, envvar="SEMSEARCH_API_KEY", show_envvar=True, metavar="KEY",
+                     help="Require `Authorization: Bearer KEY` on every request (for `serve`: every endpoint but /health)."),
+        click.option("--api-key-file", type=click.Path(dir_okay=False, path_type=Path), default=None, metavar="PATH",
+                     help="Read the API key from this file (its first line), rather than from the command line."),
+        click.option("--insecure", is_flag=True, help="Allow listening beyond loopback without an API key."),
+        click.option("--allowed-host", "allowed_hosts", multiple=True, metavar="NAME",
+                     help="Repeatable: a Host name clients may use beyond loopback (`*.example.com` for subdomains, `*` for any). "
+                          "Loopback names and the listening address are always allowed."),
+    ]):
+        fn = opt(fn)
+    return fn
+
+
+def limit_options(fn):
+    """The bounds on one request of a server (semsearch.service.Limits)."""
+    for opt in reversed([
+        click.option("--max-k", type=click.IntRange(min=1), default=1000, show_default=True, help="Largest k a search may ask for."),
+        click.option("--max-results", type=click.IntRange(min=1), default=10_000, show_default=True,
+                     help="Most hits in one search request: its number of queries times k."),
+        click.option("--max-request-bytes", type=click.IntRange(min=1024), default=8 * 2**20, show_default=True,
+                     help="Largest request body (and, for document writes, the largest document text)."),
+        click.option("--max-response-bytes", type=click.IntRange(min=1024), default=64 * 2**20, show_default=True,
+                     help="Largest response body."),
+        click.option("--max-inflight-per-client", type=click.IntRange(min=0), default=0, show_default=True,
+                     help="Requests one client address may have running at once over HTTP; more get 429 (0: no limit)."),
+    ]):
+        fn = opt(fn)
+    return fn
+
+
+def watch_options(fn):
+    fn = click.option("--poll", "watch_poll", is_flag=True, help="With --watch: poll the folder instead of using file-system events.")(fn)
+    return click.option("--watch", "watch_dir", type=click.Path(path_type=Path), default=None, metavar="DIR",
+                        help="Keep the index in step with the folder DIR while serving (as `semsearch watch DIR` does, "
+                             "after catching up at start; a new index is made where there is none).")(fn)
+
+
+def _api_key(api_key: str | None, api_key_file: Path | None) -> str | None:
+    from semsearch.exposure import read_key_file
+
+    if api_key_file is None:
+        return api_key
+    if api_key is not None and click.get_current_context().get_parameter_source("api_key") != click.core.ParameterSource.ENVIRONMENT:
+        raise click.UsageError("give --api-key or --api-key-file, not both")  # the file wins over SEMSEARCH_API_KEY
+    try:
+        return read_key_file(api_key_file)
+    except SemsearchError as e:
+        raise click.BadParameter(str(e), param_hint="--api-key-file") from e
+
+
+def _limits(max_k, max_results, max_request_bytes, max_response_bytes, max_inflight_per_client):
+    from semsearch.service import Limits
+
+    return Limits(max_request_bytes=max_request_bytes, max_k=max_k, max_results=max_results,
+                  max_response_bytes=max_response_bytes, max_inflight_per_client=max_inflight_per_client)
+
+
+def _watcher(watch_dir: Path | None, index, device: str, poll: bool):
+    if watch_dir is None:
+        return None
+    from semsearch.service import start_watcher
+
+    return start_watcher(watch_dir, index, device=device, poll=poll)
+
+
 @main.command()
 @index_option
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on. Beyond loopback it needs --api-key (or --insecure).")
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
 @device_option
 @click.option("--read-only", is_flag=True, help="Refuse POST /documents and DELETE /documents/{id}.")
-@click.option("--api-key", default=None, envvar="SEMSEARCH_API_KEY", show_envvar=True, metavar="KEY",
-              help="Require `Authorization: Bearer KEY` on every endpoint but /health.")
-@click.option("--api-key-file", type=click.Path(dir_okay=False, path_type=Path), default=None, metavar="PATH",
-              help="Read the API key from this file (its first line), rather than from the command line.")
-@click.option("--insecure", is_flag=True, help="Allow listening beyond loopback without an API key.")
-@click.option("--allowed-host", "allowed_hosts", multiple=True, metavar="NAME",
-              help="Repeatable: a Host name clients may use beyond loopback (`*.example.com` for subdomains, `*` for any). "
-                   "Loopback names and the --host address are always allowed.")
+@exposure_options
 @click.option("--docs", is_flag=True, help="Serve interactive API docs at /docs and /redoc, and /openapi.json.")
-@click.option("--max-k", type=click.IntRange(min=1), default=1000, show_default=True, help="Largest k a search may ask for.")
-@click.option("--max-results", type=click.IntRange(min=1), default=10_000, show_default=True,
-              help="Most hits in one search request: its number of queries times k.")
-@click.option("--max-request-bytes", type=click.IntRange(min=1024), default=8 * 2**20, show_default=True, help="Largest request body.")
-@click.option("--max-response-bytes", type=click.IntRange(min=1024), default=64 * 2**20, show_default=True, help="Largest response body.")
-@click.option("--max-inflight-per-client", type=click.IntRange(min=0), default=0, show_default=True,
-              help="Requests one client address may have running at once; more get 429 (0: no limit).")
+@limit_options
+@watch_options
 @handle_errors
 def serve(index, host, port, device, read_only, api_key, api_key_file, insecure, allowed_hosts, docs, max_k, max_results,
-          max_request_bytes, max_response_bytes, max_inflight_per_client):
+          max_request_bytes, max_response_bytes, max_inflight_per_client, watch_dir, watch_poll):
     """Serve the index over HTTP: search, embeddings (OpenAI and TEI shapes), document upserts.
 
     Needs `pip install 'semsearch[serve]'`. Listens on loopback unless --host says otherwise;
     beyond loopback it refuses to start without --api-key / --api-key-file / SEMSEARCH_API_KEY
     (or --insecure). With --docs, interactive docs at http://HOST:PORT/docs.
     """
-    from semsearch.serve import Limits, read_key_file, serve as run_server
-
-    if api_key_file is not None:
-        if api_key is not None and click.get_current_context().get_parameter_source("api_key") != click.core.ParameterSource.ENVIRONMENT:
-            raise click.UsageError("give --api-key or --api-key-file, not both")  # the file wins over SEMSEARCH_API_KEY
-        try:
-            api_key = read_key_file(api_key_file)
-        except SemsearchError as e:
-            raise click.BadParameter(str(e), param_hint="--api-key-file") from e
-    limits = Limits(max_request_bytes=max_request_bytes, max_k=max_k, max_results=max_results,
-                    max_response_bytes=max_response_bytes, max_inflight_per_client=max_inflight_per_client)
+    api_key = _api_key(api_key, api_key_file)
+    limits = _limits(max_k, max_results, max_request_bytes, max_response_bytes, max_inflight_per_client)
     try:
-        run_server(index, host, port, device, limits, read_only, api_key=api_key, insecure=insecure,
-                   allowed_hosts=allowed_hosts, docs=docs)
+        from semsearch.exposure import check_exposure
+        from semsearch.serve import serve as run_server
+
+        check_exposure(host, api_key, insecure)  # before a watcher's catch-up
+        watcher = _watcher(watch_dir, index, device, watch_poll)
+        try:
+            run_server(index, host, port, device, limits, read_only, api_key=api_key, insecure=insecure,
+                       allowed_hosts=allowed_hosts, docs=docs)
+        finally:
+            if watcher is not None:
+                watcher.stop()
+    except ImportError as e:
+        raise click.ClickException(str(e)) from e
+
+
+@main.command()
+@index_option
+@click.option("--http", "http", default=None, metavar="HOST:PORT",
+              help="Serve over streamable HTTP at http://HOST:PORT/mcp instead of stdio. Beyond loopback it needs --api-key (or --insecure).")
+@device_option
+@click.option("--allow-writes", is_flag=True, help="Offer the upsert_document and delete_document tools (read-only without it).")
+@exposure_options
+@limit_options
+@watch_options
+@handle_errors
+def mcp(index, http, device, allow_writes, api_key, api_key_file, insecure, allowed_hosts, max_k, max_results,
+        max_request_bytes, max_response_bytes, max_inflight_per_client, watch_dir, watch_poll):
+    """Serve the index to AI assistants and agents over the Model Context Protocol.
+
+    Tools: search (query, k, mode, where), fetch (a hit's id, or a document id; whole_document),
+    info; with --allow-writes also upsert_document and delete_document. Over stdio by default
+    (what a desktop assistant launches: command `semsearch`, arguments `mcp --index PATH`);
+    --http HOST:PORT serves streamable HTTP at /mcp, with `serve`'s rules: loopback unless an
+    API key is given (or --insecure), Host names checked. Needs `pip install 'semsearch[mcp]'`.
+    """
+    api_key = _api_key(api_key, api_key_file)
+    limits = _limits(max_k, max_results, max_request_bytes, max_response_bytes, max_inflight_per_client)
+    try:
+        from semsearch.exposure import check_exposure
+        from semsearch.mcp_server import parse_http, run
+
+        if http is not None:
+            check_exposure(parse_http(http)[0], api_key, insecure)  # before a watcher's catch-up
+        watcher = _watcher(watch_dir, index, device, watch_poll)
+        run(index, http=http, device=device, limits=limits, allow_writes=allow_writes, api_key=api_key, insecure=insecure,
+            allowed_hosts=allowed_hosts, watch=watcher)
     except ImportError as e:
         raise click.ClickException(str(e)) from e
 

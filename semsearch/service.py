@@ -363,7 +363,7 @@ class Operations:
         gen, results = self.service.search([query], k, mode, where)
         return {"query": query, "generation": gen,
                 "hits": [{"id": str(h.id), "rank": h.rank, "title": _title(h), "score": h.score, **_located(h),
-                          "text": h.text, "metadata": h.metadata} for h in results[0]]}
+                          "chunk": h.chunk, "text": h.text, "metadata": h.metadata} for h in results[0]]}
 
     def fetch(self, id: Any, whole_document: bool = False) -> dict[str, Any]:
         """A chunk by its id (a search hit's `id`), or an API document by its id: text, metadata and
@@ -440,3 +440,22 @@ def _chunk_hit(c: dict[str, Any]):
     return Hit(rank=0, score=0.0, text=c["text"], source=_display(c["path"]), path=c["path"], start=c["start"],
                end=c["end"], row=c.get("row"), line=c.get("line"), chunk=c.get("chunk", 0), id=c.get("id", 0),
                metadata=c.get("metadata") or {})
+
+
+def start_watcher(corpus: str | os.PathLike, index: str | os.PathLike | None, *, device: str = "auto", poll: bool = False,
+                  log=None):
+    """`--watch DIR` of a server: a semsearch.watch.Watcher of `corpus` into `index`, started on a
+    daemon thread, after its catch-up (which creates the index where there is none yet), so the
+    server opens an index that matches the folder. Its own encoder: the server's runs queries."""
+    import sys
+
+    from semsearch.watch import Watcher
+
+    def to_stderr(line: str) -> None:  # stdout may carry a protocol (MCP over stdio)
+        print(f"watch: {line}", file=sys.stderr, flush=True)
+
+    w = Watcher(corpus, index, device=device, poll=poll, log=log or to_stderr).start()
+    w.ready.wait()
+    if w.error is not None:
+        raise w.error
+    return w

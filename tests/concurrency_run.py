@@ -6,7 +6,9 @@ interleaved, against one index; report what went wrong as JSON on stdout.
 The writer also merges the index's segments (semsearch compact) every few rounds.
 
 Surfaces: retriever, asyncio, explain (Retriever.search with explain=True, from threads and asyncio), oneshot (a
-Retriever.load(fast_start=True): numpy query encoder, small segments searched with numpy), http, langchain, llamaindex, haystack. tests/test_concurrency.py
+Retriever.load(fast_start=True): numpy query encoder, small segments searched with numpy), http, mcp (the MCP
+server over streamable HTTP, four client sessions at once; the writer writes through its tools), langchain,
+llamaindex, haystack. tests/test_concurrency.py
 runs this in a child process with a time limit, because a deadlock inside SQLite can hold the
 interpreter's lock: a test in the same process could then not even notice that it hangs.
 
@@ -153,6 +155,58 @@ def http_surface(folder):
 
 
 HTTP_URL: list[str] = []  # where the server runs: the writer then writes through it
+MCP_WRITE: list = []  # the MCP server's write tools, as write(present): the writer then writes through them
+
+
+def mcp_surface(folder):
+    """`semsearch mcp --http --allow-writes` in this process (uvicorn thread), called by the
+    official SDK's client: four sessions on one background event loop, which every caller's
+    calls go to, so that the server has many tool calls in flight at once."""
+    import asyncio
+    import itertools
+
+    import uvicorn
+    from mcp import Client
+
+    from semsearch.encoder import Encoder
+    from semsearch.mcp_server import create_server, http_app
+    from semsearch.service import Operations, Service
+
+    ops = Operations(Service(folder, device="cpu", encoder=Encoder(device="cpu", precision="fp32")))  # fp32: see http_surface
+    server = uvicorn.Server(uvicorn.Config(http_app(create_server(ops, allow_writes=True), ops), host="127.0.0.1",
+                                           port=0, log_level="warning", lifespan="on"))
+    threading.Thread(target=server.run, daemon=True).start()
+    while not server.started:
+        time.sleep(0.05)
+    url = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}/mcp"
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+
+    async def open_clients():
+        return [await Client(url).__aenter__() for _ in range(4)]
+
+    clients = asyncio.run_coroutine_threadsafe(open_clients(), loop).result(120)
+    turn = itertools.cycle(clients)
+
+    def tool(name, args) -> dict:
+        out = asyncio.run_coroutine_threadsafe(next(turn).call_tool(name, args), loop).result(300)
+        if out.is_error:
+            raise RuntimeError(f"MCP {name}: {out.content[0].text[:300]}")
+        return out.structured_content
+
+    def run(call):
+        q, m, w = call
+        hits = tool("search", {"query": q, "k": 5, "mode": m, "where": w})["hits"]
+        return key((h.get("file") or h.get("document"), h["chunk"], h["score"]) for h in hits)
+
+    def write(present: bool) -> None:
+        if present:
+            tool("upsert_document", {"id": EXTRA_ID, "text": EXTRA_TEXT, "metadata": {"year": 2015, "lang": "de"}})
+        else:
+            tool("delete_document", {"id": EXTRA_ID})
+
+    MCP_WRITE.append(write)
+    return run
 
 
 def _auth() -> dict:
@@ -241,6 +295,16 @@ def writer(folder, stop: threading.Event, checker: Checker, counts: dict) -> Non
     from semsearch.documents import Document, delete_documents, upsert_documents
     from semsearch.encoder import Encoder
 
+    if MCP_WRITE:
+        while not stop.is_set():
+            for present in (True, False):
+                try:
+                    MCP_WRITE[0](present)
+                except Exception as e:  # noqa: BLE001 - reported
+                    checker.error("writer", None, e)
+                    return
+                counts["writes"] += 1
+        return
     if HTTP_URL:
         import httpx
 
@@ -305,6 +369,8 @@ def main() -> None:
             runners[s] = (run, None)
         elif s == "http":
             runners[s] = (http_surface(folder), None)
+        elif s == "mcp":
+            runners[s] = (mcp_surface(folder), None)
         else:
             runners[s] = {"langchain": langchain_surface, "llamaindex": llamaindex_surface,
                           "haystack": haystack_surface}[s](folder)
@@ -313,7 +379,9 @@ def main() -> None:
     enc = Encoder(device="cpu")
 
     def write(present: bool) -> None:
-        if HTTP_URL:
+        if MCP_WRITE:
+            MCP_WRITE[0](present)
+        elif HTTP_URL:
             import httpx
 
             with httpx.Client(base_url=HTTP_URL[0], timeout=60, headers=_auth()) as c:

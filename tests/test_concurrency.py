@@ -83,6 +83,14 @@ def test_http_endpoints_with_writes(index):
     run(index, "http")
 
 
+def test_mcp_tools_with_writes(index):
+    """8 threads and an asyncio loop calling the MCP server's search tool over four sessions while
+    a writer upserts and deletes through its write tools (--allow-writes)."""
+    pytest.importorskip("mcp.server.mcpserver")
+    pytest.importorskip("uvicorn")
+    run(index, "mcp")
+
+
 @pytest.mark.parametrize("framework", ["langchain", "llamaindex", "haystack"])
 def test_adapters_sync_and_async_with_writes(index, framework):
     pytest.importorskip({"langchain": "langchain_core", "llamaindex": "llama_index.core", "haystack": "haystack"}[framework])

@@ -1,0 +1,194 @@
+"""`semsearch mcp`: an index for AI assistants and agents, over the Model Context Protocol
+(the official `mcp` SDK, the extra `semsearch[mcp]`).
+
+Tools (JSON schemas and descriptions written for a language model):
+    search(query, k, mode, where)       ranked hits: id, title, file or document, page, section, line, score, text
+    fetch(id, whole_document)           one hit's chunk, or its whole document, with its metadata
+    info()                              what the index holds
+    upsert_document(id, text, metadata), delete_document(id)     only with --allow-writes
+
+Transports: stdio (what desktop assistants launch) and streamable HTTP (`--http HOST:PORT`, the
+endpoint /mcp). Over HTTP the server applies `semsearch serve`'s exposure rules from
+semsearch.exposure: the same API key (`Authorization: Bearer KEY`), the Host allow-list, the
+refusal to listen beyond loopback without a key, the request-size limit.
+
+Every tool is a thin call of `semsearch.service.Operations`, which the HTTP server calls too: the
+same checks, limits and work, on a worker thread (never on the event loop). An error is a tool
+error result with a message that names the argument and the limit; nothing a client sends can
+stop the server.
+"""
+# No `from __future__ import annotations`: the SDK builds each tool's JSON schema from its
+# annotations at run time, and those name values of create_server (the server's --max-k).
+import contextlib
+import logging
+import sys
+from typing import Annotated, Any, Iterable, Literal
+
+from semsearch.errors import InputError, SemsearchError
+from semsearch.exposure import (BodyLimit, Guard, HostPolicy, check_api_key, check_exposure, is_loopback, safe_text)
+from semsearch.service import Limits, Operations, Service
+
+log = logging.getLogger(__name__)
+
+MCP_PATH = "/mcp"
+INSTRUCTIONS = (
+    "Search a document collection indexed by semsearch. Call `search` with a natural-language question "
+    "or keywords; each hit has an `id`, a `title`, where it comes from (file or document, page, section, line) "
+    "and the matching text. Call `fetch` with a hit's id to read that passage with its metadata, or with "
+    "whole_document=true to read its whole document. Quote the location when you cite a hit.")
+
+
+def _require():
+    try:
+        import mcp.server.mcpserver  # noqa: F401
+    except ImportError as e:
+        raise ImportError(f"`semsearch mcp` needs the Model Context Protocol SDK, version 2 or later ({e.name} is missing "
+                          "or too old): pip install 'semsearch[mcp]'") from e
+
+
+def create_server(ops: Operations, allow_writes: bool = False):
+    """The MCP server (an `mcp.server.mcpserver.MCPServer`) whose tools call `ops`; the write
+    tools exist only with `allow_writes` (and refuse even then where `ops` is read-only)."""
+    _require()
+    import anyio
+    from mcp.server.mcpserver import MCPServer
+    from mcp.server.mcpserver.exceptions import ToolError
+    from mcp_types import ToolAnnotations
+    from pydantic import Field
+
+    import semsearch
+
+    max_k = ops.limits.max_k
+    server = MCPServer(name="semsearch", title=f"semsearch: {ops.service.folder.name}", version=semsearch.__version__,
+                       instructions=INSTRUCTIONS, log_level="WARNING")
+
+    async def call(fn, *args) -> Any:
+        """fn(*args) on a worker thread, its answer within --max-response-bytes; semsearch's
+        errors as tool errors (this machine's paths scrubbed), anything else logged and reported
+        as an internal error."""
+        def work():
+            out = fn(*args)
+            ops.rendered(out)  # LimitExceeded past --max-response-bytes, before the SDK renders it
+            return out
+
+        try:
+            return await anyio.to_thread.run_sync(work)
+        except SemsearchError as e:
+            raise ToolError(safe_text(ops.service.scrub(f"{type(e).__name__}: {e}"))) from None
+        except Exception as e:
+            log.exception("internal error in an MCP tool")
+            raise ToolError(f"internal error ({type(e).__name__}); see the server log") from None
+
+    read = ToolAnnotations(readOnlyHint=True, destructiveHint=False, idempotentHint=True, openWorldHint=False)
+
+    @server.tool(name="search", title="Search the index", annotations=read)
+    async def search(
+        query: Annotated[str, Field(description="What to look for: a question or keywords, in natural language.")],
+        k: Annotated[int, Field(ge=1, le=max_k, description="How many hits to return, best first.")] = 10,
+        mode: Annotated[Literal["dense", "lexical", "hybrid"] | None, Field(
+            description="hybrid (the default where the index has BM25): meaning and words together; dense: by "
+                        "meaning; lexical: by words (BM25), best for exact names, codes and rare terms.")] = None,
+        where: Annotated[dict[str, Any] | list[str] | str | None, Field(
+            description='Optional metadata filter, all conditions must hold: {"lang": "en", "year": {">=": 2020}}, '
+                        'or conditions as strings: ["year>=2020", "path:docs/*.md"].')] = None,
+    ) -> dict[str, Any]:
+        """Search the indexed documents. Gives the best-matching passages, each with an id (for
+        `fetch`), a title, where it comes from (file or document id, page, section, line), a score
+        and its text."""
+        return await call(ops.find, query, k, mode, where)
+
+    @server.tool(name="fetch", title="Read a passage or document", annotations=read)
+    async def fetch(
+        id: Annotated[str, Field(description="A hit's id from `search`, or a document id.")],
+        whole_document: Annotated[bool, Field(
+            description="Give the whole document the passage belongs to, not only the passage.")] = False,
+    ) -> dict[str, Any]:
+        """Read one passage by its id (from `search`) with its metadata and location, or, with
+        whole_document=true, the whole document it comes from."""
+        return await call(ops.fetch, id, whole_document)
+
+    @server.tool(name="info", title="What the index holds", annotations=read)
+    async def info() -> dict[str, Any]:
+        """What the index holds: its model, how many documents and passages, when it was last
+        updated, which search modes it offers and the server's limits."""
+        return await call(ops.info)
+
+    if allow_writes:
+        write = ToolAnnotations(readOnlyHint=False, destructiveHint=False, idempotentHint=True, openWorldHint=False)
+
+        @server.tool(name="upsert_document", title="Add or replace a document", annotations=write)
+        async def upsert_document(
+            id: Annotated[str, Field(description="The document's id: a document with this id is replaced.")],
+            text: Annotated[str, Field(description="The document's text.")],
+            metadata: Annotated[dict[str, Any] | None, Field(
+                description="Optional fields to filter on later (`where`), e.g. {\"lang\": \"en\"}.")] = None,
+        ) -> dict[str, Any]:
+            """Add a document to the index, or replace the one with the same id. It is searchable
+            as soon as this returns."""
+            return await call(ops.upsert, [{"id": id, "text": text, "metadata": metadata or {}}])
+
+        @server.tool(name="delete_document", title="Delete a document",
+                     annotations=ToolAnnotations(readOnlyHint=False, destructiveHint=True, idempotentHint=False,
+                                                 openWorldHint=False))
+        async def delete_document(
+            id: Annotated[str, Field(description="The id of a document added with upsert_document.")],
+        ) -> dict[str, Any]:
+            """Remove a document (added with upsert_document) from the index."""
+            return await call(ops.delete, [id])
+
+    return server
+
+
+def http_app(server, ops: Operations, *, api_key: str | None = None, host: str = "127.0.0.1",
+             allowed_hosts: Iterable[str] = ()):
+    """The streamable-HTTP ASGI application of `server` at /mcp, behind semsearch.exposure's
+    guards: the Host allow-list, the API key, requests in flight per client, the body limit.
+    The SDK's own DNS-rebinding check is off: the Guard's is the same check as `serve`'s."""
+    from mcp.server.transport_security import TransportSecuritySettings
+
+    app = server.streamable_http_app(streamable_http_path=MCP_PATH, host=host,
+                                     max_request_body_size=ops.limits.max_request_bytes,
+                                     transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False))
+    key = check_api_key(api_key) if api_key is not None else None
+    return Guard(BodyLimit(app, ops.limits.max_request_bytes), key=key, hosts=HostPolicy(host, allowed_hosts),
+                 open_paths=(), per_client=ops.limits.max_inflight_per_client)
+
+
+def parse_http(address: str) -> tuple[str, int]:
+    """(host, port) of --http HOST:PORT (or :PORT, or [::1]:PORT); InputError naming the option otherwise."""
+    host, sep, port = address.rpartition(":")
+    host = host.strip("[]") or "127.0.0.1"
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise InputError(f"--http {address!r}: give HOST:PORT, e.g. 127.0.0.1:8765")
+    return host, int(port)
+
+
+def run(index=None, *, http: str | None = None, device: str = "auto", limits: Limits | None = None,
+        allow_writes: bool = False, api_key: str | None = None, insecure: bool = False,
+        allowed_hosts: Iterable[str] = (), watch=None, log_level: str = "warning") -> None:
+    """Load the index and serve it over stdio (http None) or streamable HTTP until interrupted.
+    `watch`: a started semsearch.watch.Watcher (semsearch.service.start_watcher), stopped when
+    the server ends; the tools see each of its batches once it is published."""
+    _require()
+    host = port = None
+    if http is not None:
+        host, port = parse_http(http)
+        if api_key is not None:
+            api_key = check_api_key(api_key)
+        check_exposure(host, api_key, insecure)  # before the index and the model load
+        if not is_loopback(host) and allow_writes:
+            log.warning("listening on %s with --allow-writes: whoever has the API key can change the index", host)
+    with contextlib.redirect_stdout(sys.stderr):  # over stdio, stdout carries the protocol and nothing else
+        ops = Operations(Service(index, device), limits, read_only=not allow_writes)
+        server = create_server(ops, allow_writes)
+    try:
+        if http is None:
+            server.run("stdio")
+        else:
+            import uvicorn
+
+            uvicorn.run(http_app(server, ops, api_key=api_key, host=host, allowed_hosts=allowed_hosts),
+                        host=host, port=port, log_level=log_level, server_header=False)
+    finally:
+        if watch is not None:
+            watch.stop()
