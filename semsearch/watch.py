@@ -148,6 +148,11 @@ class Watcher:
 
     Every update holds `store.writer_lock(index)`, so that other writers of this process (a
     server's upserts) queue behind a batch rather than fail with IndexLocked.
+
+    In a server: `w = Watcher(folder, index, log=logger.info).start()` at startup (the catch-up
+    runs in the thread; `w.ready` is set once it has), `w.stop()` at shutdown. Its Retrievers pick
+    each new generation up by themselves. Pass `encoder=` only a *document* encoder: a
+    Retriever's own may carry trained query layers or be a numpy copy.
     """
 
     def __init__(self, corpus: str | Path, index: str | Path | None = None, *, include: Iterable[str] = (),
