@@ -216,16 +216,18 @@ def stored_documents(store, ids: Iterable[str]) -> dict[str, Document]:
     return {doc_id_of(p): Document(doc_id_of(p), text, meta) for p, (text, meta, _) in found.items()}
 
 
-def joined_documents(store, paths: Iterable[str]) -> dict[str, tuple[str, dict[str, Any], int]]:
+def joined_documents(store, paths: Iterable[str], row: int | None = None) -> dict[str, tuple[str, dict[str, Any], int]]:
     """(text, metadata, chunks) of the documents or files at these docstore paths, by path, in the
     order asked: the text joined from the chunks as `stored_documents` says; the metadata of the
-    first chunk. Paths the store does not hold are left out."""
+    first chunk. Paths the store does not hold are left out. `row`: of a tabular file, that row
+    only (each row is a document of its own, its offsets its own)."""
     paths = list(dict.fromkeys(paths))
     parts: dict[str, list[tuple]] = {}
     for at in range(0, len(paths), 500):
         part = paths[at : at + 500]
-        rows = sorted(store.select("f.path, c.ord, c.start, c.end, c.text, c.metadata",
-                                   f"f.path IN ({','.join('?' * len(part))})", tuple(part)), key=lambda r: (r[1], r[2]))
+        where = f"f.path IN ({','.join('?' * len(part))})" + ("" if row is None else " AND c.row = ?")
+        rows = sorted(store.select("f.path, c.ord, c.start, c.end, c.text, c.metadata", where,
+                                   tuple(part) + (() if row is None else (row,))), key=lambda r: (r[1], r[2]))
         for _, path, _, *chunk in rows:
             parts.setdefault(path, []).append(chunk)
     out: dict[str, tuple[str, dict[str, Any], int]] = {}

@@ -20,6 +20,7 @@ stop the server.
 # No `from __future__ import annotations`: the SDK builds each tool's JSON schema from its
 # annotations at run time, and those name values of create_server (the server's --max-k).
 import contextlib
+import inspect
 import logging
 import sys
 from typing import Annotated, Any, Iterable, Literal
@@ -59,8 +60,28 @@ def create_server(ops: Operations, allow_writes: bool = False):
     import semsearch
 
     max_k = ops.limits.max_k
+    known: dict[str, tuple[str, ...]] = {}  # each tool's argument names, filled in below
+
+    async def refuse_unknown_arguments(ctx, call_next):
+        """A tools/call naming an argument the tool does not take is an error result, not a call
+        with that argument silently dropped (a model that sends `top_k` would get 10 hits and
+        never learn why). The SDK's argument models ignore extra keys."""
+        params = ctx.params if isinstance(ctx.params, dict) else None
+        if ctx.method == "tools/call" and params is not None and params.get("name") in known:
+            args = params.get("arguments") or {}
+            extra = sorted(str(a) for a in args) if isinstance(args, dict) else []
+            extra = [a for a in extra if a not in known[params["name"]]]
+            if extra:
+                from mcp_types import CallToolResult, TextContent
+
+                names = ", ".join(known[params["name"]]) or "none"
+                return CallToolResult(content=[TextContent(type="text", text=safe_text(
+                    f"{params['name']}: unknown argument(s) {', '.join(repr(a[:40]) for a in extra[:5])}; it takes: {names}"))],
+                    is_error=True)
+        return await call_next(ctx)
+
     server = MCPServer(name="semsearch", title=f"semsearch: {ops.service.folder.name}", version=semsearch.__version__,
-                       instructions=INSTRUCTIONS, log_level="WARNING")
+                       instructions=INSTRUCTIONS, log_level="WARNING", middleware=[refuse_unknown_arguments])
 
     async def call(fn, *args) -> Any:
         """fn(*args) on a worker thread, its answer within --max-response-bytes; semsearch's
@@ -84,7 +105,7 @@ def create_server(ops: Operations, allow_writes: bool = False):
     @server.tool(name="search", title="Search the index", annotations=read)
     async def search(
         query: Annotated[str, Field(description="What to look for: a question or keywords, in natural language.")],
-        k: Annotated[int, Field(ge=1, le=max_k, description="How many hits to return, best first.")] = 10,
+        k: Annotated[int, Field(strict=True, ge=1, le=max_k, description="How many hits to return, best first.")] = 10,
         mode: Annotated[Literal["dense", "lexical", "hybrid"] | None, Field(
             description="hybrid (the default where the index has BM25): meaning and words together; dense: by "
                         "meaning; lexical: by words (BM25), best for exact names, codes and rare terms.")] = None,
@@ -100,7 +121,7 @@ def create_server(ops: Operations, allow_writes: bool = False):
     @server.tool(name="fetch", title="Read a passage or document", annotations=read)
     async def fetch(
         id: Annotated[str, Field(description="A hit's id from `search`, or a document id.")],
-        whole_document: Annotated[bool, Field(
+        whole_document: Annotated[bool, Field(strict=True, 
             description="Give the whole document the passage belongs to, not only the passage.")] = False,
     ) -> dict[str, Any]:
         """Read one passage by its id (from `search`) with its metadata and location, or, with
@@ -136,6 +157,8 @@ def create_server(ops: Operations, allow_writes: bool = False):
             """Remove a document (added with upsert_document) from the index."""
             return await call(ops.delete, [id])
 
+    for fn in [search, fetch, info] + ([upsert_document, delete_document] if allow_writes else []):
+        known[fn.__name__] = tuple(p for p in inspect.signature(fn).parameters)
     return server
 
 

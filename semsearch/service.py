@@ -380,14 +380,15 @@ class Operations:
             return {"id": doc_id, "kind": "chunk", "generation": gen, "title": _title(hit), **_located(hit),
                     "chunk": hit.chunk, "start": hit.start, "end": hit.end, "text": hit.text, "metadata": hit.metadata}
         path = chunk["path"] if chunk is not None else doc_path(doc_id)
-        found = joined_documents(r.docs, [path]).get(path)
+        row = chunk["row"] if chunk is not None else None  # a table's row is a document of its own
+        found = joined_documents(r.docs, [path], row).get(path)
         if found is None:
             raise DocumentNotFound(f"no chunk or document with id {doc_id!r} in the index")
         text, meta, n = found
-        hit = _chunk_hit({"path": path, "metadata": meta, "start": 0, "end": len(text), "text": text})
-        located = {k: v for k, v in _located(hit).items() if k in ("document", "file")}
+        hit = _chunk_hit({"path": path, "metadata": meta, "start": 0, "end": len(text), "text": text, "row": row})
+        located = {k: v for k, v in _located(hit).items() if k in ("document", "file", "row", "location")}
         return {"id": doc_id, "kind": "document", "generation": gen, "title": _title(hit), **located,
-                "location": hit.source, "chunks": n, "text": text, "metadata": meta}
+                "chunks": n, "text": text, "metadata": meta}
 
     def info(self) -> dict[str, Any]:
         """What the index holds: model, pooling, counts, generation, modes, limits."""
@@ -458,4 +459,8 @@ def start_watcher(corpus: str | os.PathLike, index: str | os.PathLike | None, *,
     w.ready.wait()
     if w.error is not None:
         raise w.error
+    if not (w.folder / "manifest.json").exists():  # the catch-up failed (a bad file: its line says which)
+        w.stop()
+        raise InputError(f"watching {str(corpus)!r} made no index yet (see the line above); fix that file or "
+                         "add --skip-errors (with `semsearch watch`), then start again")
     return w
