@@ -389,7 +389,11 @@ def _hybrid(g: _Generation, lex, queries, qv, k, allowed, fusion, alpha, pools: 
 
 def _hits(g: _Generation, found: list[list[tuple]], mode: str) -> list[list[Hit]]:
     """Hits from [(id, score, cosine, bm25)] per query, joined with the docstore."""
-    chunks = g.docs.get_chunks({i for row in found for i, *_ in row})
+    return hits_from(g.docs.get_chunks({i for row in found for i, *_ in row}), found, mode)
+
+
+def hits_from(chunks: dict[int, dict[str, Any]], found: list[list[tuple]], mode: str) -> list[list[Hit]]:
+    """Hits from [(id, score, cosine, bm25)] per query and the chunk records by id."""
     out = []
     for row in found:
         hits = []

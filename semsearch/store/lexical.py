@@ -17,6 +17,7 @@ docstore's transaction, and Pyserini needs a JVM. The analysis is Lucene's Engli
 """
 from __future__ import annotations
 
+import copy
 import functools
 import hashlib
 import json
@@ -230,14 +231,35 @@ class LexicalIndex:
         if any(d is not None for d in self._dead):
             self.live = ~np.concatenate([d if d is not None else np.zeros(len(p), bool) for p, d in zip(self.parts, self._dead)])
         self.n = n  # live rows
+        self.total_length = total
         self.average_length = total / n if n else 1.0
         # tf (k1 + 1) / (tf + k1 (1 - b) + (k1 b / avg) len): the constants of this set of live rows
         self._c0 = np.float32(k1 * (1 - b))
         self._c1 = np.float32(k1 * b / max(self.average_length, 1e-9))
         self._bounds: dict[tuple[int, int], float] = {}  # (part, first posting) -> its largest weight / idf
 
+    _df: dict[int, int] | None = None  # document frequencies of a larger collection (under())
+
     def __len__(self) -> int:
         return self.n
+
+    def doc_freqs(self, hashes: np.ndarray) -> np.ndarray:
+        """Each term's document frequency among the live rows here (0 where none holds it)."""
+        got = {h: df for h, df, _ in self._term_spans(np.asarray(hashes, np.int64))}
+        return np.array([got.get(int(h), 0) for h in hashes], np.int64)
+
+    def under(self, n: int, total_length: float, df: dict[int, int]) -> "LexicalIndex":
+        """This index scored with the statistics of a larger collection it is a part of (a shard's
+        segments of a whole index): its live row count, total length, and the query terms'
+        document frequencies there. Its rows then score as the whole collection's index scores
+        them (the same float32 arithmetic on the same statistics). A view: this index is unchanged."""
+        view = copy.copy(self)
+        view.n, view.total_length = n, total_length
+        view.average_length = total_length / n if n else 1.0
+        view._c1 = np.float32(self.k1 * self.b / max(view.average_length, 1e-9))
+        view._bounds = {}
+        view._df = dict(df)
+        return view
 
     @classmethod
     def from_rows(cls, ids: np.ndarray, blobs: Sequence[bytes | None], lengths: np.ndarray, **kw) -> "LexicalIndex":
@@ -255,6 +277,16 @@ class LexicalIndex:
 
     def _terms(self, hashes: np.ndarray) -> list[tuple[int, float, list[tuple[int, int, int]]]]:
         """For each hash some live row holds: (hash, idf as float32, [(part, lo, hi)] of its postings)."""
+        out = []
+        for h, df, spans in self._term_spans(hashes):
+            if self._df is not None:  # a part of a larger collection: its statistics
+                df = max(self._df.get(h, 0), df)
+            # Lucene's BM25 IDF, always positive: log(1 + (N - df + 0.5) / (df + 0.5)).
+            out.append((h, float(np.float32(np.log1p((self.n - df + 0.5) / (df + 0.5)))), spans))
+        return out
+
+    def _term_spans(self, hashes: np.ndarray) -> list[tuple[int, int, list[tuple[int, int, int]]]]:
+        """For each hash some live row here holds: (hash, its live document frequency here, its spans)."""
         found = [p.find(hashes) for p in self.parts]
         out = []
         for t, h in enumerate(hashes.tolist()):
@@ -268,8 +300,7 @@ class LexicalIndex:
                 df += (hi - lo) - (int(dead[p.postings[lo:hi]].sum()) if dead is not None else 0)
                 spans.append((j, lo, hi))
             if df:
-                # Lucene's BM25 IDF, always positive: log(1 + (N - df + 0.5) / (df + 0.5)).
-                out.append((h, float(np.float32(np.log1p((self.n - df + 0.5) / (df + 0.5)))), spans))
+                out.append((h, df, spans))
         return out
 
     def _weights(self, j: int, lo: int, hi: int, idf: float) -> np.ndarray:

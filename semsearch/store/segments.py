@@ -388,6 +388,11 @@ class SegmentedDocs:
                 routed.append((p, arr.tolist()))
         return routed
 
+    def held(self, ids: Iterable[int]) -> np.ndarray:
+        """The ids, of those given, that a live chunk of these segments holds (sorted)."""
+        got = [i for _, part_ids in self._route(ids) for i in part_ids]
+        return np.array(sorted(got), np.int64)
+
     def get_chunks(self, ids: Iterable[int]) -> dict[int, dict[str, Any]]:
         out: dict[int, dict[str, Any]] = {}
         for p, part_ids in self._route(ids):

@@ -1,0 +1,320 @@
+"""Search an index split into shards: each shard owns some of a generation's segments (their
+vectors, BM25 postings and docstores), and a router merges the shards' answers into exactly what
+one process over the whole index answers.
+
+    shards = [Shard(folder, i, 3) for i in range(3)]          # or Ray Serve deployments (serve_ray.py)
+    router = ShardedSearch(folder, local_fanout(shards), encoder)
+    router.search_batch(["loan approval"], k=10, mode="hybrid", where={"lang": "en"})
+
+A search takes up to four rounds, each a call of every shard at once (`fanout`):
+    prepare     the generation, and per query: each term's document frequency, the shard's live
+                rows and their total length (BM25's statistics are the whole index's, as in one
+                process), and how many chunks the filter lets through (the exact-search threshold
+                is decided on the whole index's count)
+    candidates  per query the shard's dense top `depth` and BM25 top `depth` (under the global
+                statistics); the router keeps the global top `depth` of each side
+    fill        hybrid only: the cosine and BM25 of each fused candidate, from the shard that owns it
+    chunks      the hits' records
+The merge is the one-process arithmetic on the same numbers: dense by score, BM25 by score (ties to
+the lower id), hybrid fused over the union of both sides' global top `depth` (fusion.fuse, fusion.top).
+
+Which shard owns a segment is a function of the manifest alone (`assign`: balanced by live chunk
+count), so every replica of a shard opens the same segments without being told. Every call names
+the generation the router searches; a shard that has moved on (or not yet) answers Stale, and the
+router starts the search again on the newest generation: a search never mixes two generations.
+"""
+from __future__ import annotations
+
+import dataclasses
+import threading
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from semsearch import filters
+from semsearch import fusion as fusion_
+from semsearch.errors import InputError, SemsearchError
+from semsearch.search import EXACT_BELOW, _exact, _Generation, _pad, encode_queries, hits_from
+
+STALE_RETRIES = 5
+
+
+class Stale(SemsearchError):
+    """A shard holds another generation than the one a search asked for."""
+
+    def __init__(self, message: str, generation: int):
+        super().__init__(message)
+        self.generation = generation
+
+    def __reduce__(self):  # travels between processes (Ray) with its generation
+        return (Stale, (str(self), self.generation))
+
+
+def assign(segments: Sequence[dict[str, Any]], shards: int) -> list[list[int]]:
+    """Positions in `segments` owned by each of `shards` shards: the largest segments first, each to
+    the shard with the fewest live chunks so far (ties: the lower shard), each shard's in id order."""
+    if shards < 1:
+        raise InputError(f"the number of shards must be at least 1, got {shards}")
+    load = [0] * shards
+    owned: list[list[int]] = [[] for _ in range(shards)]
+    for pos in sorted(range(len(segments)), key=lambda i: (-int(segments[i].get("live", 0)), i)):
+        s = min(range(shards), key=lambda j: (load[j], j))
+        owned[s].append(pos)
+        load[s] += int(segments[pos].get("live", 0))
+    return [sorted(o) for o in owned]
+
+
+class _ShardGeneration:
+    """One generation's segments of one shard, opened."""
+
+    def __init__(self, folder: Path, manifest, positions: list[int], device: str):
+        from semsearch.store.segments import SegmentedDocs, SegmentedVectors, live_counts, open_parts
+
+        self.manifest = manifest
+        sub = dataclasses.replace(manifest, segments=[manifest.segments[i] for i in positions])
+        parts = open_parts(folder, sub, device)
+        self.empty = not parts  # more shards than segments: this one waits for more
+        self.g = None if self.empty else _Generation(sub, SegmentedVectors(parts, manifest.index, device),
+                                                     SegmentedDocs(folder, parts, live_counts(sub.segments)))
+        self.lex = self.g.docs.lexical() if not self.empty else None
+        self.has_lexical = self.lex is not None or self.empty
+
+    def allowed(self, where):
+        flt = filters.parse(where)
+        return flt.select(self.g.docs) if flt is not None and not self.empty else None
+
+
+class Shard:
+    """Shard `index` of `count` over an index folder: the segments `assign` gives it, reopened
+    when the manifest names a new generation. Every method takes the generation the router
+    searches and raises Stale where this shard cannot answer for it."""
+
+    def __init__(self, folder: str | Path, index: int, count: int, device: str = "cpu"):
+        from semsearch.store.folder import index_path
+
+        if not 0 <= index < count:
+            raise InputError(f"shard {index} of {count} does not exist")
+        self.folder, self.index, self.count, self.device = index_path(folder), index, count, device
+        self._lock = threading.Lock()
+        self._gens: dict[int, _ShardGeneration] = {}  # the current generation and the one before
+        self._open_current()
+
+    def _open_current(self) -> _ShardGeneration:
+        from semsearch.store.manifest import Manifest
+
+        with self._lock:
+            m = Manifest.load(self.folder)
+            if m.generation not in self._gens:
+                got = _ShardGeneration(self.folder, m, assign(m.segments, self.count)[self.index], self.device)
+                self._gens[m.generation] = got
+                for old in sorted(self._gens)[:-2]:  # searches still on the one before finish on it
+                    del self._gens[old]
+            return self._gens[m.generation]
+
+    def _at(self, generation: int) -> _ShardGeneration:
+        got = self._gens.get(generation)
+        if got is None:
+            got = self._open_current()
+            if got.manifest.generation != generation:
+                raise Stale(f"shard {self.index} holds generation {got.manifest.generation}, not {generation}",
+                            got.manifest.generation)
+        return got
+
+    def generation(self) -> int:
+        return self._open_current().manifest.generation
+
+    # ---- the rounds ------------------------------------------------------------------------------
+    def prepare(self, generation: int, hashes: list[np.ndarray], where: Any) -> dict[str, Any]:
+        s = self._at(generation)
+        allowed = s.allowed(where)
+        lex = s.lex
+        return {"n": lex.n if lex is not None else 0, "total": lex.total_length if lex is not None else 0.0,
+                "df": [lex.doc_freqs(h) if lex is not None else np.zeros(len(h), np.int64) for h in hashes],
+                "allowed": None if allowed is None else len(allowed), "has_lexical": s.has_lexical}
+
+    def candidates(self, generation: int, qv: np.ndarray | None, hashes: list[np.ndarray] | None, depth: int, where: Any,
+                   exact: bool, stats: list[dict] | None) -> dict[str, Any]:
+        """Per query: this shard's dense (scores, ids) top `depth` (qv given) and BM25 (ids, scores)
+        top `depth` under the whole index's statistics (hashes given)."""
+        s = self._at(generation)
+        out: dict[str, Any] = {"dense": None, "lexical": None}
+        if s.empty:
+            return out
+        allowed = s.allowed(where)
+        if allowed is not None and not len(allowed):
+            return out
+        if qv is not None:
+            out["dense"] = _dense_part(s.g, qv, depth, allowed, exact)
+        if hashes is not None and s.lex is not None:
+            mask = allowed.rows(s.lex.ids) if allowed is not None else None
+            out["lexical"] = [_under(s.lex, st).top_k(h, depth, mask) for h, st in zip(hashes, stats)]
+        return out
+
+    def fill(self, generation: int, qv: np.ndarray, hashes: list[np.ndarray], cands: list[np.ndarray],
+             stats: list[dict]) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """Per query: (the candidate ids this shard holds, their cosines, their BM25 scores)."""
+        s = self._at(generation)
+        out = []
+        for v, h, cand, st in zip(qv, hashes, cands, stats):
+            if s.empty or not len(cand):
+                out.append((np.zeros(0, np.int64), np.zeros(0, np.float64), np.zeros(0, np.float32)))
+                continue
+            held = s.g.docs.held(np.asarray(cand, np.int64))
+            vecs = s.g.vectors.reconstruct(held) if len(held) else np.zeros((0, len(v)), np.float32)
+            if vecs is None:
+                held, vecs = s.g.docs.get_vectors(held)
+            cos = vecs @ np.asarray(v, np.float32) if len(held) else np.zeros(0, np.float32)
+            b = _under(s.lex, st).scores_of(h, held) if s.lex is not None else np.zeros(len(held), np.float32)
+            out.append((np.asarray(held, np.int64), np.asarray(cos, np.float64), b))
+        return out
+
+    def chunks(self, generation: int, ids: list[int]) -> dict[int, dict[str, Any]]:
+        s = self._at(generation)
+        return {} if s.empty else s.g.docs.get_chunks(ids)
+
+
+def _under(lex, st: dict):
+    return lex.under(st["n"], st["total"], st["df"])
+
+
+def _dense_part(g: _Generation, qv: np.ndarray, k: int, allowed, exact: bool) -> tuple[np.ndarray, np.ndarray]:
+    """search._dense on a shard's segments, with the exact-or-filtered choice made on the whole
+    index's count of allowed chunks (`exact`), as one process makes it."""
+    if allowed is None:
+        return g.vectors.search(qv, k)
+    if exact:
+        return _exact(g, qv, k, allowed.ids)
+    scores, ids = g.vectors.search_filtered(qv, k, allowed)
+    short = (ids >= 0).sum(1) < min(k, len(allowed))
+    if short.any():
+        es, ei = _exact(g, qv[short], k, allowed.ids)
+        scores, ids = _pad(scores, k, -np.inf), _pad(ids, k, -1)
+        scores[short], ids[short] = es, ei
+    return scores, ids
+
+
+# ---- the router ----------------------------------------------------------------------------------
+Fanout = Callable[..., list]  # fanout(method, *args) -> [every shard's answer], in shard order
+
+
+def local_fanout(shards: Sequence[Shard]) -> Fanout:
+    """A fanout over Shard objects of this process (tests, and one machine without Ray)."""
+    def fanout(method: str, *args):
+        return [getattr(s, method)(*args) for s in shards]
+
+    return fanout
+
+
+class ShardedSearch:
+    """The router: encodes queries (the index's model), asks every shard, merges."""
+
+    def __init__(self, folder: str | Path, fanout: Fanout, encoder, generation: Callable[[], int] | None = None):
+        from semsearch.store.folder import index_path
+        from semsearch.store.manifest import Manifest
+
+        self.folder = index_path(folder)
+        self.fanout = fanout
+        self.encoder = encoder
+        self._generation = generation or (lambda: Manifest.load(self.folder).generation)
+
+    def search(self, query: str, k: int = 10, mode: str | None = None, where: Any = None, **kw):
+        return self.search_batch([query], k, mode, where, **kw)[0]
+
+    def search_batch(self, queries: Sequence[str], k: int = 10, mode: str | None = None, where: Any = None,
+                     fusion: str = "convex", alpha: float | None = None):
+        """As Retriever.search_batch (without explain), over the shards; one generation throughout."""
+        queries = list(queries)
+        if not queries or any(not isinstance(q, str) or not q.strip() for q in queries):
+            raise InputError("every query must be a non-empty string")
+        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+            raise InputError(f"k must be a positive integer, got {k!r}")
+        filters.parse(where)  # a bad filter fails here, before any shard is asked
+        fusion_.check_fusion(fusion)
+        generation = self._generation()
+        for attempt in range(STALE_RETRIES):
+            try:
+                return self._search(generation, queries, k, mode, where, fusion, fusion_.ALPHA if alpha is None else alpha)
+            except Stale as e:
+                if attempt == STALE_RETRIES - 1:
+                    raise
+                generation = max(e.generation, self._generation())
+        raise AssertionError("unreachable")
+
+    def _search(self, gen: int, queries: list[str], k: int, mode: str | None, where: Any, fusion: str, alpha: float):
+        from semsearch.store.lexical import MAX_TERMS, terms
+
+        hashes = [np.array(list(dict.fromkeys(terms(q)))[:MAX_TERMS], np.int64) for q in queries]
+        prep = self.fanout("prepare", gen, hashes, where)
+        mode = fusion_.check_mode(mode or ("hybrid" if all(p["has_lexical"] for p in prep) else "dense"))
+        if mode != "dense" and not all(p["has_lexical"] for p in prep):
+            raise InputError(f"{self.folder} was built before lexical search; use mode dense")
+        counts = [p["allowed"] for p in prep]
+        if counts[0] is not None and not sum(counts):
+            return [[] for _ in queries]
+        exact = counts[0] is not None and sum(counts) <= EXACT_BELOW
+        n, total = sum(p["n"] for p in prep), sum(p["total"] for p in prep)
+        stats = [{"n": n, "total": total, "df": {int(h): int(sum(p["df"][q][t] for p in prep)) for t, h in enumerate(hs)}}
+                 for q, hs in enumerate(hashes)]
+        qv = None if mode == "lexical" else encode_queries(self.encoder, queries)
+        depth = k if mode != "hybrid" else max(k, fusion_.DEPTH)
+        parts = self.fanout("candidates", gen, qv, None if mode == "dense" else hashes, depth, where, exact,
+                            None if mode == "dense" else stats)
+        if mode == "dense":
+            found = [[(i, s, s, None) for i, s in _merge_dense(parts, q, k)] for q in range(len(queries))]
+        elif mode == "lexical":
+            found = [[(i, s, None, s) for i, s in _merge_lexical(parts, q, k)] for q in range(len(queries))]
+        else:
+            found = self._hybrid(gen, parts, qv, hashes, stats, depth, k, fusion, alpha)
+        ids = sorted({i for row in found for i, *_ in row})
+        chunks: dict[int, dict[str, Any]] = {}
+        for part in self.fanout("chunks", gen, ids):
+            chunks.update(part)
+        return hits_from(chunks, found, mode)
+
+    def _hybrid(self, gen, parts, qv, hashes, stats, depth, k, fusion, alpha):
+        cands, dense = [], []
+        for q in range(len(hashes)):
+            d = _merge_dense(parts, q, depth)
+            lids = [i for i, _ in _merge_lexical(parts, q, depth)]
+            cands.append(np.union1d(np.array([i for i, _ in d], np.int64), np.array(lids, np.int64)))
+            dense.append(dict(d))
+        filled = self.fanout("fill", gen, qv, hashes, cands, stats)
+        out = []
+        for q, cand in enumerate(cands):
+            if not len(cand):
+                out.append([])
+                continue
+            d = np.empty(len(cand), np.float64)
+            b = np.zeros(len(cand), np.float32)
+            for held, cos, bm in (f[q] for f in filled):
+                at = np.searchsorted(cand, held)
+                d[at] = cos
+                b[at] = bm
+            for i, s in dense[q].items():  # the search's own cosines, as one process keeps them
+                d[np.searchsorted(cand, i)] = s
+            fused = fusion_.fuse(d, b, fusion, alpha)
+            out.append([(int(cand[j]), float(fused[j]), float(d[j]), float(b[j])) for j in fusion_.top(cand, fused, k)])
+        return out
+
+
+def _merge_dense(parts: list[dict], q: int, k: int) -> list[tuple[int, float]]:
+    """The best k (id, cosine) of every shard's dense answer to query q."""
+    got = []
+    for p in parts:
+        if p["dense"] is not None:
+            scores, ids = p["dense"]
+            got += [(int(i), float(s)) for s, i in zip(scores[q], ids[q]) if i >= 0]
+    got.sort(key=lambda x: (-x[1], x[0]))
+    return got[:k]
+
+
+def _merge_lexical(parts: list[dict], q: int, k: int) -> list[tuple[int, float]]:
+    """The best k (id, BM25) of every shard's BM25 answer to query q (ties: the lower id)."""
+    got = []
+    for p in parts:
+        if p["lexical"] is not None:
+            ids, scores = p["lexical"][q]
+            got += [(int(i), float(s)) for i, s in zip(ids, scores)]
+    got.sort(key=lambda x: (-np.float32(x[1]), x[0]))
+    return got[:k]

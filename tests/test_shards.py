@@ -1,0 +1,132 @@
+"""Sharded search (semsearch/shards.py) answers exactly what one process answers: the same chunks,
+scores within 1e-5, in dense, lexical and hybrid mode, with filters, over 1 to 4 shards, after
+upserts and deletes (tombstones), and never mixing two generations."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from semsearch.documents import Document, delete_documents, upsert_documents
+from semsearch.indexing import index_corpus
+from semsearch.search import Retriever
+from semsearch.shards import Shard, ShardedSearch, Stale, assign, local_fanout
+
+from conftest import SAMPLE, FakeEncoder
+
+QUERIES = ["How long does a loan decision take?", "lentil soup with cumin", "sleep and recovery after exercise",
+           "printing press", "paper 7 tomatoes"]
+WHERES = [None, {"lang": "en"}, ["year>=2005", "year<2020"], "path:*.jsonl", {"lang": {"!=": "en"}}]
+TOPICS = ["loan approval takes one business day", "lentil soup simmers with cumin", "sleep helps muscles recover",
+          "printing presses spread books", "tomatoes need sun and water"]
+
+
+@pytest.fixture(scope="module")
+def index(tmp_path_factory, real_encoder):
+    """The sample corpus plus records with metadata, then documents written in four more
+    generations (four more segments), one of them replaced and one deleted (tombstones)."""
+    root = tmp_path_factory.mktemp("shards")
+    corpus = root / "corpus"
+    shutil.copytree(SAMPLE, corpus)
+    with open(corpus / "papers.jsonl", "w") as f:
+        for i in range(60):
+            f.write(json.dumps({"text": f"Paper {i}: {TOPICS[i % 5]}.", "year": 2000 + i % 25,
+                                "lang": "de" if i % 4 == 0 else "en"}) + "\n")
+    folder = root / "index"
+    index_corpus(corpus, folder, real_encoder, progress=False)
+    for j in range(4):
+        upsert_documents(folder, [Document(f"note-{j}-{i}", f"Note {i} of batch {j}: {TOPICS[(i + j) % 5]}, year {2000 + i}.",
+                                           {"year": 2000 + i * 3, "lang": "en" if i % 3 else "fr"}) for i in range(8)],
+                         real_encoder)
+    upsert_documents(folder, [Document("note-1-2", "A replaced note about loan approval in one day.", {"year": 2011, "lang": "en"})],
+                     real_encoder)
+    delete_documents(folder, ["note-2-5"])
+    return folder
+
+
+def key(hits):
+    return [(h.id, h.score) for h in hits]
+
+
+def assert_same(a, b, what):
+    assert [i for i, _ in a] == [i for i, _ in b], (what, a, b)
+    assert all(abs(x - y) <= 1e-5 for (_, x), (_, y) in zip(a, b)), (what, a, b)
+
+
+@pytest.mark.parametrize("shards", [1, 2, 3, 4])
+def test_sharded_search_equals_one_process(index, real_encoder, shards):
+    one = Retriever.load(index, device="cpu", encoder=real_encoder)
+    assert len(one.manifest.segments) >= 5 and one.manifest.counts["chunks"] > 100
+    router = ShardedSearch(index, local_fanout([Shard(index, i, shards) for i in range(shards)]), real_encoder)
+    compared = 0
+    for mode in ("dense", "lexical", "hybrid"):
+        for where in WHERES:
+            want = one.search_batch(QUERIES, 10, mode=mode, where=where)
+            got = router.search_batch(QUERIES, 10, mode=mode, where=where)
+            for q, a, b in zip(QUERIES, want, got):
+                assert_same(key(a), key(b), (shards, mode, where, q))
+                assert [h.text for h in a] == [h.text for h in b] and [h.metadata for h in a] == [h.metadata for h in b]
+                compared += bool(a)
+    assert compared >= 60
+    for fusion, alpha in (("rrf", None), ("convex", 0.8)):
+        for q in QUERIES:
+            assert_same(key(one.search(q, 10, mode="hybrid", fusion=fusion, alpha=alpha)),
+                        key(router.search(q, 10, mode="hybrid", fusion=fusion, alpha=alpha)), (fusion, alpha, q))
+    assert key(one.search(QUERIES[0])) == key(router.search(QUERIES[0]))  # the default mode is hybrid in both
+
+
+def test_assignment_is_balanced_and_a_function_of_the_manifest():
+    segs = [{"live": n} for n in (100, 5, 40, 60, 3, 90)]
+    got = assign(segs, 3)
+    assert sorted(i for o in got for i in o) == list(range(6))
+    loads = [sum(segs[i]["live"] for i in o) for o in got]
+    assert max(loads) - min(loads) <= 60 and got == assign(segs, 3)
+    assert assign(segs[:2], 4)[2:] == [[], []]  # more shards than segments: some hold none
+
+
+def test_a_search_never_mixes_generations(tmp_path, small_corpus):
+    enc = FakeEncoder()
+    folder = tmp_path / "idx"
+    index_corpus(small_corpus, folder, enc, progress=False)
+    shards = [Shard(folder, i, 2) for i in range(2)]
+    router = ShardedSearch(folder, local_fanout(shards), enc)
+    g1 = shards[0].generation()
+    before = router.search("kelp forests", 5, mode="lexical")
+    assert before == []
+    upsert_documents(folder, [Document("k", "kelp forests grow fast", {})], enc)
+    assert shards[0].prepare(g1, [np.zeros(0, np.int64)], None)["n"] == 3  # searches under way finish on g1
+    fresh = Shard(folder, 0, 2)  # a replica started after the write holds only the new generation
+    with pytest.raises(Stale) as e:
+        fresh.prepare(g1, [np.zeros(0, np.int64)], None)
+    assert e.value.generation == g1 + 1
+    calls = []
+
+    def fanout(method, *args):  # the first round sees the old generation: the search starts again on the new
+        calls.append((method, args[0]))
+        return local_fanout(shards)(method, *args)
+
+    shards = [fresh, Shard(folder, 1, 2)]
+    stale_router = ShardedSearch(folder, fanout, enc, generation=iter([g1, g1 + 1, g1 + 1]).__next__)
+    hits = stale_router.search("kelp forests", 5, mode="lexical")
+    assert [h.text for h in hits] == ["kelp forests grow fast"]
+    assert calls[0] == ("prepare", g1) and all(g == g1 + 1 for _, g in calls[1:])
+    assert {g for _, g in calls[1:]} == {g1 + 1}
+
+
+def test_empty_shards_and_bad_input(tmp_path, small_corpus):
+    enc = FakeEncoder()
+    folder = tmp_path / "idx"
+    index_corpus(small_corpus, folder, enc, progress=False)  # one segment, three shards: two hold nothing
+    router = ShardedSearch(folder, local_fanout([Shard(folder, i, 3) for i in range(3)]), enc)
+    one = Retriever.load(folder, encoder=enc)
+    for mode in ("dense", "lexical", "hybrid"):  # (the fake encoder ties at 0.0 below the first hit: k=1)
+        assert key(router.search("lentils soup", 1, mode=mode)) == key(one.search("lentils soup", 1, mode=mode))
+    from semsearch.errors import InputError
+
+    for bad in ({"k": 0}, {"where": {"year": {"~": 1}}}, {"mode": "fuzzy"}):
+        with pytest.raises(InputError):
+            router.search("soup", **{"k": 3, **bad})
+    with pytest.raises(InputError):
+        Shard(folder, 3, 3)
