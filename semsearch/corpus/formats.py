@@ -32,10 +32,11 @@ log = logging.getLogger(__name__)
 
 PDF_EXTS = {".pdf"}
 HTML_EXTS = {".html", ".htm", ".xhtml"}
+GZ_EXTS = {".gz"}  # gzipped pages only (x.html.gz): the walk skips other .gz files
 DOCX_EXTS = {".docx"}
 MARKDOWN_EXTS = {".md", ".markdown"}
-BINARY_EXTS = PDF_EXTS | DOCX_EXTS  # skipped by the walk's NUL-byte check otherwise
-STRUCTURED_EXTS = PDF_EXTS | HTML_EXTS | DOCX_EXTS | MARKDOWN_EXTS
+BINARY_EXTS = PDF_EXTS | DOCX_EXTS | GZ_EXTS  # skipped by the walk's NUL-byte check otherwise
+STRUCTURED_EXTS = PDF_EXTS | HTML_EXTS | GZ_EXTS | DOCX_EXTS | MARKDOWN_EXTS
 MAX_CARRY = 8 << 20  # a Markdown "line" longer than this is cut anyway
 
 
@@ -101,9 +102,9 @@ def extract(path: Path, on_bytes: Callable[[int], None] | None = None) -> Extrac
     ext = path.suffix.lower()
     if ext in PDF_EXTS:
         return _pdf(path, on_bytes)
-    if ext in HTML_EXTS:
-        text, title = html_text(path.read_bytes(), path)
-    elif ext in DOCX_EXTS:
+    if ext in HTML_EXTS or ext in GZ_EXTS:
+        return _html(path, on_bytes)
+    if ext in DOCX_EXTS:
         text, title = docx_text(path)
     else:
         from semsearch.corpus.base import check_utf8 as _check_utf8
@@ -192,29 +193,33 @@ def _heading(marks: Marks, off: int, level: int, text: str, stack: list, state: 
 
 # ---- HTML ---------------------------------------------------------------------------------
 
-def html_text(data: bytes, path: Path) -> tuple[str, str | None]:
-    """The main content of an HTML page as Markdown (headings kept), and its title. The bytes
-    are decoded as the page declares (meta charset), else by detection."""
-    try:
-        import trafilatura
-        from trafilatura.metadata import extract_metadata
-        from trafilatura.utils import load_html
-    except ImportError as e:  # lxml_html_clean left out by an old pip (see pyproject.toml)
-        raise InputError(f"{path}: HTML needs a package that is not installed ({e}); "
-                         "run `pip install lxml_html_clean` (or `pip install -U pip` and reinstall semsearch)") from e
+def _html(path: Path, on_bytes: Callable[[int], None] | None) -> Extracted:
+    """A page's main content with its headings from the page's own structure (htmldoc), not
+    from a Markdown re-parse of the text."""
+    from semsearch.corpus.htmldoc import is_gz_page, page_bytes, read_html
 
-    tree = load_html(data)
-    if tree is None:
-        raise CorpusError(f"{path}: not a readable HTML page")
-    meta = extract_metadata(tree)
-    title = (meta.title or "").strip() or None if meta is not None else None
-    text = trafilatura.extract(tree, output_format="markdown", include_formatting=True, include_tables=True,
-                               include_comments=False, include_links=False, include_images=False)
-    if not text:  # nothing the extractor takes for content (a bare list, a tiny page): all its text
-        body = tree.find(".//body")
-        text = " ".join((body if body is not None else tree).itertext()) if tree is not None else ""
-        text = re.sub(r"[ \t]*\n\s*", "\n", re.sub(r"[ \t]+", " ", text)).strip()
-    return text, title
+    if path.suffix.lower() in GZ_EXTS and not is_gz_page(path):
+        raise CorpusError(f"{path}: not a gzipped HTML page (.html.gz)")
+    doc = read_html(page_bytes(path), path)
+    marks = Marks(title=doc.title)
+    stack: list[tuple[int, str]] = []
+    prev_end = None  # where the previous heading's line ends
+    for h in doc.headings:
+        if prev_end is not None and not doc.text[prev_end:h.offset].strip():
+            marks.bare.add(len(marks.headings) - 1)  # nothing but blank lines since the last heading
+        marks.add_heading(h.offset, h.level, h.text, stack)
+        prev_end = doc.text.find("\n", h.offset) % (len(doc.text) + 1)
+    if on_bytes is not None:
+        on_bytes(path.stat().st_size)
+    return Extracted(iter([doc.text]), marks)
+
+
+def html_text(data: bytes, path: Path) -> tuple[str, str | None]:
+    """The main content of an HTML page as text (headings as `#` lines), and its title."""
+    from semsearch.corpus.htmldoc import read_html
+
+    doc = read_html(data, path)
+    return doc.text, doc.title
 
 
 # ---- Word ---------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from semsearch.corpus.base import Skip, check_utf8 as _check_utf8  # noqa: F401  (Skip: the readers' signal)
-from semsearch.corpus.formats import DOCX_EXTS, HTML_EXTS, PDF_EXTS
+from semsearch.corpus.formats import DOCX_EXTS, GZ_EXTS, HTML_EXTS, PDF_EXTS
 from semsearch.errors import CorpusError, InputError
 from semsearch.limits import MAX_DEPTH, too_deep, unencodable
 
@@ -19,7 +19,7 @@ TEXT_EXTS = {".txt", ".md", ".markdown", ".rst", ".text"}
 TABLE_EXTS = {".csv", ".tsv"}
 RECORD_EXTS = {".jsonl", ".ndjson", ".json"}
 PARQUET_EXTS = {".parquet"}
-DOCUMENT_EXTS = PDF_EXTS | HTML_EXTS | DOCX_EXTS  # read by semsearch.corpus.formats
+DOCUMENT_EXTS = PDF_EXTS | HTML_EXTS | GZ_EXTS | DOCX_EXTS  # read by semsearch.corpus.formats (.gz: x.html.gz only)
 SUPPORTED_EXTS = TEXT_EXTS | TABLE_EXTS | RECORD_EXTS | PARQUET_EXTS | DOCUMENT_EXTS
 
 # Field names tried, in order, when no text column is named.

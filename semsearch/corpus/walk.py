@@ -9,11 +9,24 @@ from pathlib import Path
 
 from typing import Iterable
 
-from semsearch.corpus.formats import BINARY_EXTS
+from semsearch.corpus.formats import BINARY_EXTS, GZ_EXTS, HTML_EXTS
 from semsearch.corpus.readers import SUPPORTED_EXTS
 from semsearch.errors import InputError
 
 IGNORE_FILE = ".semsearchignore"  # in the corpus root, gitignore syntax
+
+# A documentation build folder (Sphinx: `_sources/`, `searchindex.js` or `objects.inv` beside the
+# pages; MkDocs: `search/search_index.json` beside `sitemap.xml`) also holds copies of every
+# page's source and the generator's own search and index pages. Indexed with the pages they
+# doubled every hit. Left out by default (reasons below, all "excluded": the summary counts them
+# and lists them after what could not be read); an --include naming them takes them back.
+SPHINX_MARKERS = ("_sources", "searchindex.js", "objects.inv")
+SOURCE_COPY = "excluded (doc build: source copy of a rendered page)"
+GENERATED = "excluded (doc build: search or index page)"
+THEME = "excluded (doc build: theme and script files)"
+ARTEFACT_NAMES = ("_sources", "_static", "searchindex", "search_index", "objects.inv", "genindex", "modindex",
+                  "search.html", "404.html")
+_SOURCE_SUFFIXES = (".rst", ".md", ".txt", ".ipynb", ".markdown")
 
 
 @dataclass
@@ -87,9 +100,11 @@ def walk(root: Path, include: Iterable[str] = (), exclude: Iterable[str] = (), i
         candidates = [root]
     else:
         specs = Selection(list(include), list(exclude), ignore_file).compile(root)
-        candidates = _tree(root, res, *specs, ignore_name=ignore_file)
+        named = [g for g in include if any(n in g for n in ARTEFACT_NAMES)]
+        keep = Selection(named, ignore_file=None).compile(root)[0] if named else None
+        candidates = _tree(root, res, *specs, ignore_name=ignore_file, keep_artefacts=keep)
     for p in candidates:
-        if p.suffix.lower() not in SUPPORTED_EXTS:
+        if p.suffix.lower() not in SUPPORTED_EXTS or (p.suffix.lower() in GZ_EXTS and Path(p.stem).suffix.lower() not in HTML_EXTS):
             res.skip(p, f"unsupported type ({p.suffix or 'no extension'})")
             continue
         try:
@@ -104,11 +119,16 @@ def walk(root: Path, include: Iterable[str] = (), exclude: Iterable[str] = (), i
     return res
 
 
-def _tree(root: Path, res: WalkResult, include=None, exclude=None, ignore=None, ignore_name=None) -> list[Path]:
+def _tree(root: Path, res: WalkResult, include=None, exclude=None, ignore=None, ignore_name=None,
+          keep_artefacts=None) -> list[Path]:
     out = []
+    builds: list[tuple[str, str]] = []  # (folder relative to root, "sphinx" | "mkdocs") of doc builds met
     for dirpath, dirnames, filenames in os.walk(root):
         rel_dir = Path(dirpath).relative_to(root).as_posix()
         rel_dir = "" if rel_dir == "." else rel_dir + "/"
+        kind = _build_kind(dirnames, filenames, Path(dirpath))
+        if kind:
+            builds.append((rel_dir, kind))
         for d in sorted(dirnames):
             if d.startswith("."):
                 res.skip(Path(dirpath) / d, "hidden")
@@ -133,9 +153,60 @@ def _tree(root: Path, res: WalkResult, include=None, exclude=None, ignore=None, 
                 res.skip(p, "not included (--include)")
             elif not p.is_file():
                 res.skip(p, "not a regular file")
+            elif (why := _artefact(root, rel, builds)) and not (keep_artefacts is not None and keep_artefacts.match_file(rel)):
+                res.skip(p, why)
             else:
                 out.append(p)
     return out
+
+
+def _build_kind(dirnames: list[str], filenames: list[str], folder: Path) -> str | None:
+    """'sphinx' or 'mkdocs' where a folder is the root of a documentation build with its pages."""
+    pages = any(f.lower().endswith((".html", ".html.gz")) for f in filenames)
+    if pages and ("_sources" in dirnames or "searchindex.js" in filenames or "objects.inv" in filenames):
+        return "sphinx"
+    if pages and "sitemap.xml" in filenames and (folder / "search" / "search_index.json").is_file():
+        return "mkdocs"
+    return None
+
+
+def _artefact(root: Path, rel: str, builds: list[tuple[str, str]]) -> str | None:
+    """The reason a file of a documentation build is left out by default, or None."""
+    for base, kind in reversed(builds):  # the innermost build folder holding the file
+        if not rel.startswith(base):
+            continue
+        inner = rel[len(base):]
+        top, _, rest = inner.partition("/")
+        name = inner.rsplit("/", 1)[-1].lower()
+        if kind == "mkdocs":
+            if inner == "search/search_index.json" or inner in ("404.html", "sitemap.xml"):
+                return GENERATED
+            return None
+        if top == "_sources" and rest:
+            return SOURCE_COPY if _page_of_source(root / base, rest) else None
+        if top == "_static" and rest:
+            return THEME
+        if inner in ("searchindex.js", "objects.inv", "search.html") or (
+                "/" not in inner and name.startswith("genindex") and name.endswith(".html")) or (
+                "/" not in inner and name.endswith("modindex.html")):
+            return GENERATED
+        return None
+    return None
+
+
+def _page_of_source(build: Path, rel: str) -> bool:
+    """Whether `_sources/<rel>` (Sphinx's copy of a page's source: `intro.rst.txt`, or `intro.txt`
+    from older versions) has its rendered page (`intro.html`, or `intro.html.gz`) in the build."""
+    stem = rel
+    for _ in range(2):  # intro.rst.txt -> intro.rst -> intro
+        for suf in _SOURCE_SUFFIXES:
+            if stem.lower().endswith(suf):
+                stem = stem[: -len(suf)]
+                break
+        for ext in (".html", ".html.gz", ".htm"):
+            if (build / (stem + ext)).is_file():
+                return True
+    return False
 
 
 def file_hash(path: Path) -> str:
