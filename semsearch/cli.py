@@ -550,9 +550,17 @@ def _watcher(watch_dir: Path | None, index, device: str, poll: bool):
 @click.option("--docs", is_flag=True, help="Serve interactive API docs at /docs and /redoc, and /openapi.json.")
 @limit_options
 @watch_options
+@click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+              help="local: one process holds the index. ray: a Ray Serve application, the index split into --shards "
+                   "shards of --replicas replicas each, behind a router with the same HTTP API (every node must see "
+                   "the index folder at the same path).")
+@click.option("--shards", type=click.IntRange(min=1), default=1, show_default=True, help="With --engine ray: shards (each holds some segments).")
+@click.option("--replicas", type=click.IntRange(min=1), default=1, show_default=True, help="With --engine ray: replicas of each shard.")
+@click.option("--ray-address", default=None, envvar="RAY_ADDRESS", help="With --engine ray: the cluster to join. Default: a new local one.")
 @handle_errors
 def serve(index, host, port, device, read_only, api_key, api_key_file, insecure, allowed_hosts, docs, max_k, max_results,
-          max_request_bytes, max_response_bytes, max_inflight_per_client, watch_dir, watch_poll):
+          max_request_bytes, max_response_bytes, max_inflight_per_client, watch_dir, watch_poll, engine, shards, replicas,
+          ray_address):
     """Serve the index over HTTP: search, embeddings (OpenAI and TEI shapes), document upserts.
 
     Needs `pip install 'semsearch[serve]'`. Listens on loopback unless --host says otherwise;
@@ -566,8 +574,17 @@ def serve(index, host, port, device, read_only, api_key, api_key_file, insecure,
         from semsearch.serve import serve as run_server
 
         check_exposure(host, api_key, insecure)  # before a watcher's catch-up
+        if engine == "local" and (shards != 1 or replicas != 1):
+            raise click.UsageError("--shards and --replicas go with --engine ray")
         watcher = _watcher(watch_dir, index, device, watch_poll)
         try:
+            if engine == "ray":
+                from semsearch.serve_ray import serve_ray
+
+                serve_ray(index, host, port, shards=shards, replicas=replicas, ray_address=ray_address,
+                          device="cpu" if device == "auto" else device, limits=limits, read_only=read_only,
+                          api_key=api_key, insecure=insecure, allowed_hosts=allowed_hosts)
+                return
             run_server(index, host, port, device, limits, read_only, api_key=api_key, insecure=insecure,
                        allowed_hosts=allowed_hosts, docs=docs)
         finally:

@@ -464,3 +464,72 @@ def start_watcher(corpus: str | os.PathLike, index: str | os.PathLike | None, *,
         raise InputError(f"watching {str(corpus)!r} made no index yet (see the line above); fix that file or "
                          "add --skip-errors (with `semsearch watch`), then start again")
     return w
+
+
+class _ShardedDocs:
+    """The docstore reads Operations makes (fetch: chunk records, whole documents), answered by
+    the shards of one generation."""
+
+    def __init__(self, fanout, generation: int):
+        self.fanout, self.generation = fanout, generation
+
+    def get_chunks(self, ids) -> dict[int, dict[str, Any]]:
+        out: dict[int, dict[str, Any]] = {}
+        for part in self.fanout("chunks", self.generation, [int(i) for i in ids]):
+            out.update(part)
+        return out
+
+    def select(self, columns: str, where: str = "", params: tuple = ()):
+        rows = [r for part in self.fanout("select", self.generation, columns, where, tuple(params)) for r in part]
+        return iter(sorted(rows, key=lambda r: r[0]))
+
+
+class _ShardedView:
+    """What Operations reads of a generation (manifest, chunk count, docstore), for a sharded index."""
+
+    def __init__(self, manifest, fanout):
+        self.manifest = manifest
+        self.docs = _ShardedDocs(fanout, manifest.generation)
+
+    def __len__(self) -> int:
+        return int(self.manifest.counts.get("chunks", 0))
+
+
+class ShardedService(Service):
+    """A Service whose searches fan out to the shards of the index (semsearch/shards.py) through
+    `fanout` (local Shard objects, or Ray Serve deployments: semsearch/serve_ray.py): the router
+    holds the query encoder and the manifest, the shards hold the vectors and postings. Writes
+    stay single-writer: this process publishes a new generation as `Service` does, and the shards
+    open it when a search names it."""
+
+    def __init__(self, index: str | os.PathLike | None, fanout, device: str = "auto", encoder=None):
+        from semsearch.search import _query_encoder
+        from semsearch.shards import ShardedSearch
+        from semsearch.store.folder import index_path
+        from semsearch.store.manifest import Manifest
+
+        self.folder = index_path(index)
+        self.shown = shown_path(self.folder)
+        self.scrub = Scrubber(self.folder)
+        self.device = device
+        self.fanout = fanout
+        m = Manifest.load(self.folder)
+        self.encoder = SerialEncoder(encoder if encoder is not None else _query_encoder(self.folder, m, None, device, False))
+        self.router = ShardedSearch(self.folder, fanout, self.encoder)
+        self._reload_lock = threading.Lock()
+        self._current = _ShardedView(m, fanout)
+        self._stamp = self._manifest_stamp()
+        self.supports = {"mode": True, "where": True}
+
+    def _reload(self, stamp) -> None:
+        from semsearch.store.manifest import Manifest
+
+        self._current = _ShardedView(Manifest.load(self.folder), self.fanout)
+        self._stamp = stamp
+
+    def search(self, queries: list[str], k: int, mode: str | None, where: dict | None, explain: bool = False):
+        if explain:
+            raise InputError("explain is not available on a sharded server yet: ask the one-process server "
+                             "(`semsearch serve` without --engine ray) to explain a hit")
+        self.retriever()  # the view follows the newest generation
+        return self.router.search_at(queries, k, mode, where)

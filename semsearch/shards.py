@@ -173,6 +173,17 @@ class Shard:
         s = self._at(generation)
         return {} if s.empty else s.g.docs.get_chunks(ids)
 
+    def select(self, generation: int, columns: str, where: str = "", params: tuple = ()) -> list[tuple]:
+        """SegmentedDocs.select over this shard's segments (for `fetch` of a whole document)."""
+        s = self._at(generation)
+        return [] if s.empty else list(s.g.docs.select(columns, where, params))
+
+    def call(self, method: str, *args):
+        """One of the rounds by name (what a shard deployment's replicas are called with)."""
+        if method not in ("prepare", "candidates", "fill", "chunks", "select", "generation"):
+            raise InputError(f"no shard method {method!r}")
+        return getattr(self, method)(*args)
+
 
 def _under(lex, st: dict):
     return lex.under(st["n"], st["total"], st["df"])
@@ -224,6 +235,11 @@ class ShardedSearch:
     def search_batch(self, queries: Sequence[str], k: int = 10, mode: str | None = None, where: Any = None,
                      fusion: str = "convex", alpha: float | None = None):
         """As Retriever.search_batch (without explain), over the shards; one generation throughout."""
+        return self.search_at(queries, k, mode, where, fusion, alpha)[1]
+
+    def search_at(self, queries: Sequence[str], k: int = 10, mode: str | None = None, where: Any = None,
+                  fusion: str = "convex", alpha: float | None = None):
+        """(the generation searched, search_batch's hits)."""
         queries = list(queries)
         if not queries or any(not isinstance(q, str) or not q.strip() for q in queries):
             raise InputError("every query must be a non-empty string")
@@ -234,11 +250,12 @@ class ShardedSearch:
         generation = self._generation()
         for attempt in range(STALE_RETRIES):
             try:
-                return self._search(generation, queries, k, mode, where, fusion, fusion_.ALPHA if alpha is None else alpha)
+                return generation, self._search(generation, queries, k, mode, where, fusion,
+                                                fusion_.ALPHA if alpha is None else alpha)
             except Stale as e:
                 if attempt == STALE_RETRIES - 1:
                     raise
-                generation = max(e.generation, self._generation())
+                generation = max(getattr(e, "generation", 0) or 0, self._generation())
         raise AssertionError("unreachable")
 
     def _search(self, gen: int, queries: list[str], k: int, mode: str | None, where: Any, fusion: str, alpha: float):

@@ -1,0 +1,155 @@
+"""`semsearch serve --engine ray`: the index served by a Ray Serve application, sharded for size
+and replicated for load (the extra `semsearch[ray]`; imported only by this command).
+
+    router (ingress, the same HTTP API as `semsearch serve`: serve.create_app over a ShardedService)
+      └── shard-0 .. shard-N-1, each R replicas (semsearch.shards.Shard: its segments' vectors and postings)
+
+Every node must see the index folder at the same path (shared storage). The router holds the query
+encoder and the manifest; a search is a few fan-out rounds, each one call of one replica of every
+shard (semsearch/shards.py says which). Ray Serve replaces a replica that dies; a call that fails
+because its replica died (or stopped answering within CALL_TIMEOUT_S) is sent again, and Serve
+routes it to a live replica of the same shard, so a client sees no error while one replica of each
+shard lives. With a whole shard down the router answers 503 naming the shard: never silently partial.
+
+Writes stay single-writer: the router publishes each new generation as the one-process server does;
+a search names its generation, a replica that has not opened it yet opens it, and one that has moved
+on answers Stale, so the router searches again on the newest: no answer mixes two generations.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any, Iterable
+
+from semsearch.errors import SemsearchError
+
+log = logging.getLogger(__name__)
+
+CALL_TIMEOUT_S = 120.0  # one shard call (a busy 2-core machine answers in milliseconds; a dead replica never)
+RETRIES = 8  # per shard call, with RETRY_WAIT_S between: Serve starts a new replica meanwhile
+RETRY_WAIT_S = 0.5
+
+
+class ShardUnavailable(SemsearchError):
+    """No replica of a shard answered (HTTP 503)."""
+
+
+def _require():
+    try:
+        import ray  # noqa: F401
+        from ray import serve  # noqa: F401
+    except ImportError as e:
+        raise ImportError(f"`semsearch serve --engine ray` needs Ray Serve ({e.name} is missing): "
+                          "pip install 'semsearch[ray]'") from e
+
+
+def ray_fanout(handles: list) -> Any:
+    """A fanout (semsearch.shards) over Ray Serve deployment handles, one per shard: every shard's
+    call is sent first, then each answer awaited; a call whose replica died is sent again."""
+    import ray.exceptions
+
+    from semsearch.shards import Stale
+
+    def one(i: int, handle, method: str, args: tuple, first):
+        response = first
+        for attempt in range(RETRIES):
+            try:
+                if response is None:
+                    response = handle.call.remote(method, *args)
+                return response.result(timeout_s=CALL_TIMEOUT_S)
+            except (Stale, SemsearchError):
+                raise
+            except ray.exceptions.RayTaskError as e:  # the shard's own error: pass it on as itself
+                cause = getattr(e, "cause", None)
+                if isinstance(cause, SemsearchError):
+                    raise cause from None
+                if isinstance(cause, Exception) and not isinstance(cause, ray.exceptions.RayError):
+                    raise
+                log.warning("shard %d: %s (attempt %d), trying another replica", i, type(e).__name__, attempt + 1)
+            except (ray.exceptions.RayError, TimeoutError) as e:
+                log.warning("shard %d: %s (attempt %d), trying another replica", i, type(e).__name__, attempt + 1)
+            response = None
+            time.sleep(RETRY_WAIT_S)
+        raise ShardUnavailable(f"shard {i} of {len(handles)} has no replica that answers (tried {RETRIES} times): "
+                               "the index cannot be searched whole; no partial answer is given")
+
+    def fanout(method: str, *args):
+        sent = []
+        for h in handles:
+            try:
+                sent.append(h.call.remote(method, *args))
+            except Exception:  # noqa: BLE001 - sent again in one()
+                sent.append(None)
+        return [one(i, h, method, args, r) for i, (h, r) in enumerate(zip(handles, sent))]
+
+    return fanout
+
+
+def build_app(index, shards: int = 1, replicas: int = 1, *, device: str = "cpu", limits=None, read_only: bool = False,
+              api_key: str | None = None, host: str = "127.0.0.1", allowed_hosts: Iterable[str] = (),
+              num_cpus: float = 0.0):
+    """The Ray Serve application (not yet run): `shards` shard deployments of `replicas` replicas
+    each, and the router, which serves semsearch's HTTP API. `num_cpus`: what each replica reserves
+    from Ray (0: they share the machine's CPUs, for small clusters)."""
+    _require()
+    from ray import serve
+
+    from semsearch.store.folder import index_path
+    from semsearch.store.manifest import Manifest
+
+    folder = str(index_path(index).resolve())
+    Manifest.load(folder)  # a missing or damaged index fails here, before any replica starts
+    if shards < 1 or replicas < 1:
+        from semsearch.errors import InputError
+
+        raise InputError(f"--shards and --replicas must be at least 1, got {shards} and {replicas}")
+
+    @serve.deployment(ray_actor_options={"num_cpus": num_cpus}, max_ongoing_requests=64, health_check_period_s=2,
+                      health_check_timeout_s=30, graceful_shutdown_timeout_s=5)
+    class ShardReplica:
+        def __init__(self, folder: str, i: int, n: int, device: str):
+            from semsearch.shards import Shard
+
+            self.shard = Shard(folder, i, n, device)
+
+        def call(self, method: str, *args):
+            return self.shard.call(method, *args)
+
+    @serve.deployment(ray_actor_options={"num_cpus": num_cpus}, max_ongoing_requests=256)
+    @serve.ingress()
+    class Router:
+        def __init__(self, folder: str, handles: list, device: str, limits, read_only: bool, api_key, host: str,
+                     allowed_hosts: list[str]):
+            from semsearch.serve import create_app
+            from semsearch.service import ShardedService
+
+            self._asgi = create_app(ShardedService(folder, ray_fanout(handles), device=device), limits, read_only,
+                                  api_key=api_key, host=host, allowed_hosts=allowed_hosts)
+
+        def __serve_build_asgi_app__(self):
+            return self._asgi
+
+    handles = [ShardReplica.options(name=f"shard-{i}", num_replicas=replicas).bind(folder, i, shards, device)
+               for i in range(shards)]
+    return Router.options(name="router").bind(folder, handles, device, limits, read_only, api_key, host, list(allowed_hosts))
+
+
+def serve_ray(index=None, host: str = "127.0.0.1", port: int = 8000, *, shards: int = 1, replicas: int = 1,
+              ray_address: str | None = None, device: str = "cpu", limits=None, read_only: bool = False,
+              api_key: str | None = None, insecure: bool = False, allowed_hosts: Iterable[str] = ()) -> None:
+    """Start (or join, `ray_address`) a Ray cluster, run the application, and serve until interrupted."""
+    _require()
+    import ray
+    from ray import serve
+
+    from semsearch.exposure import check_api_key, check_exposure
+
+    if api_key is not None:
+        api_key = check_api_key(api_key)
+    check_exposure(host, api_key, insecure)
+    app = build_app(index, shards, replicas, device=device, limits=limits, read_only=read_only, api_key=api_key,
+                    host=host, allowed_hosts=allowed_hosts)
+    ray.init(address=ray_address or os.environ.get("RAY_ADDRESS") or None, include_dashboard=False)
+    serve.start(http_options={"host": host, "port": port})
+    serve.run(app, name="semsearch", route_prefix="/", blocking=True)

@@ -1,0 +1,192 @@
+"""`semsearch serve --engine ray`: the index served by Ray Serve, 3 shards x 2 replicas on a local
+Ray cluster (2 CPUs), answers over HTTP exactly as one process does; while clients search and a
+writer publishes generations, one replica of each shard is killed in turn: no client error,
+read-your-writes after each acknowledged write, no answer mixing generations."""
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import threading
+import time
+
+import pytest
+
+ray = pytest.importorskip("ray")
+pytest.importorskip("ray.serve")
+httpx = pytest.importorskip("httpx")
+
+from semsearch.documents import Document, upsert_documents  # noqa: E402
+from semsearch.indexing import index_corpus  # noqa: E402
+from semsearch.search import Retriever  # noqa: E402
+
+from conftest import SAMPLE  # noqa: E402
+
+pytestmark = pytest.mark.ray
+
+QUERIES = ["How long does a loan decision take?", "lentil soup with cumin", "sleep and recovery after exercise",
+           "printing press", "tomatoes need sun"]
+WHERES = [None, {"lang": "en"}, ["year>=2005", "year<2020"], "path:*.jsonl"]
+TOPICS = ["loan approval takes one business day", "lentil soup simmers with cumin", "sleep helps muscles recover",
+          "printing presses spread books", "tomatoes need sun and water"]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """An index of several segments, served by 3 shards x 2 replicas and a router."""
+    from ray import serve
+
+    from semsearch.encoder import Encoder
+    from semsearch.serve_ray import build_app
+
+    root = tmp_path_factory.mktemp("serve_ray")
+    corpus = root / "corpus"
+    shutil.copytree(SAMPLE, corpus)
+    with open(corpus / "papers.jsonl", "w") as f:
+        for i in range(60):
+            f.write(json.dumps({"text": f"Paper {i}: {TOPICS[i % 5]}.", "year": 2000 + i % 25,
+                                "lang": "de" if i % 4 == 0 else "en"}) + "\n")
+    folder = root / "index"
+    enc = Encoder(device="cpu")  # the default precision: what the router loads for queries
+    index_corpus(corpus, folder, enc, progress=False)
+    for j in range(3):
+        upsert_documents(folder, [Document(f"note-{j}-{i}", f"Note {i}: {TOPICS[(i + j) % 5]}.", {"year": 2001 + i, "lang": "en"})
+                                  for i in range(6)], enc)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, namespace="semsearch-test")
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        serve.run(build_app(folder, 3, 2), name="semsearch", route_prefix="/")
+        yield folder, f"http://127.0.0.1:{port}", enc
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+def test_three_shards_answer_as_one_process(cluster):
+    folder, url, enc = cluster
+    one = Retriever.load(folder, device="cpu", encoder=enc)
+    compared = 0
+    with httpx.Client(base_url=url, timeout=120) as c:
+        for mode in ("dense", "lexical", "hybrid"):
+            for where in WHERES:
+                got = c.post("/search", json={"queries": QUERIES, "k": 10, "mode": mode, "where": where})
+                assert got.status_code == 200, got.text
+                for q, res, want in zip(QUERIES, got.json()["results"], one.search_batch(QUERIES, 10, mode=mode, where=where)):
+                    assert [h["id"] for h in res["hits"]] == [h.id for h in want], (mode, where, q)
+                    assert all(abs(h["score"] - w.score) <= 1e-5 for h, w in zip(res["hits"], want)), (mode, where, q)
+                    compared += bool(want)
+        info = c.get("/info").json()
+        assert info["counts"] == one.manifest.counts and info["generation"] == one.manifest.generation
+        explained = c.post("/search", json={"query": "soup", "explain": True})
+        assert explained.status_code == 422 and "sharded" in explained.json()["error"]["message"]
+    assert compared >= 50
+
+
+def _replicas(shard: int) -> list[str]:
+    from ray.util import list_named_actors
+
+    return [a["name"] for a in list_named_actors(all_namespaces=True)
+            if a["name"].startswith("SERVE_REPLICA::") and f"#shard-{shard}#" in a["name"]]
+
+
+def test_killing_a_replica_of_each_shard_under_load_loses_nothing(cluster):
+    folder, url, enc = cluster
+    stop = threading.Event()
+    errors: list[str] = []
+    seen: list[tuple[int, bool]] = []  # (generation, the probe document found) of each search that asked for it
+    written: dict[int, int] = {}  # probe number -> generation its write published
+
+    def client(n: int) -> None:
+        with httpx.Client(base_url=url, timeout=120) as c:
+            i = 0
+            while not stop.is_set():
+                q = QUERIES[(n + i) % len(QUERIES)]
+                r = c.get("/search", params={"q": q, "k": 5, "mode": ("dense", "lexical", "hybrid")[i % 3]})
+                if r.status_code != 200:
+                    errors.append(f"client {n}: {r.status_code} {r.text[:200]}")
+                i += 1
+
+    def writer() -> None:
+        with httpx.Client(base_url=url, timeout=120) as c:
+            n = 0
+            while not stop.is_set():
+                text = f"zqx{n} probe document number {n}"
+                r = c.post("/documents", json={"documents": [{"id": f"probe-{n}", "text": text}]})
+                if r.status_code != 200:
+                    errors.append(f"writer: {r.status_code} {r.text[:200]}")
+                    return
+                written[n] = r.json()["generation"]
+                found = c.get("/search", params={"q": f"zqx{n}", "k": 1, "mode": "lexical"})
+                if found.status_code != 200:
+                    errors.append(f"writer's read: {found.status_code} {found.text[:200]}")
+                    return
+                body = found.json()
+                ok = bool(body["hits"]) and body["hits"][0]["text"] == text
+                seen.append((body["generation"], ok))
+                if not ok:  # read-your-writes: the acknowledged write is searchable at once
+                    errors.append(f"probe {n} written at generation {written[n]} not found at generation {body['generation']}")
+                n += 1
+
+    threads = [threading.Thread(target=client, args=(n,), daemon=True) for n in range(8)]
+    threads.append(threading.Thread(target=writer, daemon=True))
+    for t in threads:
+        t.start()
+    killed = []
+    try:
+        time.sleep(3)
+        for shard in range(3):
+            names = _replicas(shard)
+            assert len(names) == 2, names
+            ray.kill(ray.get_actor(names[0], namespace="serve"), no_restart=True)
+            killed.append(names[0])
+            time.sleep(4)
+            deadline = time.time() + 180  # Serve starts a replacement: wait for two live replicas again
+            while len(_replicas(shard)) < 2 or names[0] in _replicas(shard):
+                assert time.time() < deadline, f"shard {shard} was not given a new replica"
+                time.sleep(1)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(180)
+    assert not errors, errors[:5]
+    assert len(killed) == 3 and len(written) >= 3 and all(ok for _, ok in seen)
+    gens = [g for g, _ in seen]
+    assert gens == sorted(gens)  # the writer's own reads see its generations in order
+
+
+def test_a_shard_without_live_replicas_is_a_clear_error(monkeypatch):
+    """The fan-out retries a call whose replica died, then gives up naming the shard: never a
+    partial answer."""
+    import ray.exceptions
+
+    from semsearch import serve_ray
+
+    monkeypatch.setattr(serve_ray, "RETRY_WAIT_S", 0.01)
+
+    class Dead:
+        def result(self, timeout_s=None):
+            raise ray.exceptions.RayActorError()
+
+    class Alive:
+        def result(self, timeout_s=None):
+            return "ok"
+
+    class Handle:
+        def __init__(self, responses):
+            self.responses = list(responses)
+            outer = self
+
+            class _Call:
+                def remote(self, *args):
+                    return outer.responses.pop(0) if outer.responses else Dead()
+
+            self.call = _Call()
+
+    fanout = serve_ray.ray_fanout([Handle([Alive()]), Handle([Dead(), Dead(), Alive()])])
+    assert fanout("generation") == ["ok", "ok"]  # the second shard's call went to a live replica on the third try
+    fanout = serve_ray.ray_fanout([Handle([Alive()]), Handle([])])
+    with pytest.raises(serve_ray.ShardUnavailable, match="shard 1 of 2"):
+        fanout("generation")
