@@ -88,10 +88,11 @@ def ray_fanout(handles: list) -> Any:
 
 def build_app(index, shards: int = 1, replicas: int = 1, *, device: str = "cpu", limits=None, read_only: bool = False,
               api_key: str | None = None, host: str = "127.0.0.1", allowed_hosts: Iterable[str] = (),
-              num_cpus: float = 0.0):
+              num_cpus: float = 0.0, encoder=None):
     """The Ray Serve application (not yet run): `shards` shard deployments of `replicas` replicas
     each, and the router, which serves semsearch's HTTP API. `num_cpus`: what each replica reserves
-    from Ray (0: they share the machine's CPUs, for small clusters)."""
+    from Ray (0: they share the machine's CPUs, for small clusters). `encoder`: a callable the
+    router calls for its query encoder (benchmarks' stand-in encoders); None: the index's model."""
     _require()
     from ray import serve
 
@@ -120,11 +121,12 @@ def build_app(index, shards: int = 1, replicas: int = 1, *, device: str = "cpu",
     @serve.ingress()
     class Router:
         def __init__(self, folder: str, handles: list, device: str, limits, read_only: bool, api_key, host: str,
-                     allowed_hosts: list[str]):
+                     allowed_hosts: list[str], encoder):
             from semsearch.serve import create_app
             from semsearch.service import ShardedService
 
-            self._asgi = create_app(ShardedService(folder, ray_fanout(handles), device=device), limits, read_only,
+            service = ShardedService(folder, ray_fanout(handles), device=device, encoder=encoder() if encoder else None)
+            self._asgi = create_app(service, limits, read_only,
                                   api_key=api_key, host=host, allowed_hosts=allowed_hosts)
 
         def __serve_build_asgi_app__(self):
@@ -132,7 +134,8 @@ def build_app(index, shards: int = 1, replicas: int = 1, *, device: str = "cpu",
 
     handles = [ShardReplica.options(name=f"shard-{i}", num_replicas=replicas).bind(folder, i, shards, device)
                for i in range(shards)]
-    return Router.options(name="router").bind(folder, handles, device, limits, read_only, api_key, host, list(allowed_hosts))
+    return Router.options(name="router").bind(folder, handles, device, limits, read_only, api_key, host, list(allowed_hosts),
+                                              encoder)
 
 
 def serve_ray(index=None, host: str = "127.0.0.1", port: int = 8000, *, shards: int = 1, replicas: int = 1,
