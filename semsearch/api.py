@@ -105,12 +105,18 @@ def evaluate(
     fusion: str = "convex",
     alpha: float | None = None,
     per_query: bool = False,
+    force: bool = False,
     progress: bool | None = None,
 ) -> dict[str, Any]:
     """Retrieval quality on a BEIR-format `dataset` folder (nDCG, recall, MAP, MRR at each `k`,
     in %, by trec_eval), of the model with each pooling (and `head`) by exact search, or of an
     index as built (`index`); and/or pair similarity on a `pairs` file. Gives back the report as
-    a dict (what `semsearch eval --json` prints).
+    a dict (what `semsearch eval --json` prints): `results` holds every row (a pair row has
+    `pairs`, `spearman` and `pearson`), `settings` how they were made, `notes` what the rows
+    cannot show (e.g. why there are no unseen-document rows).
+
+    A `head` trained on another corpus than the dataset's is refused (HeadCorpusMismatch), as
+    `index` refuses it, unless `force`.
 
     >>> rep = semsearch.evaluate("data/tiny-beir", pooling=["mean", "cls"], k=[1, 10], progress=False)
     >>> sorted(row["pooling"] for row in rep["results"])
@@ -138,34 +144,74 @@ def evaluate(
         try:
             # An index is evaluated as built in every mode it offers, unless modes are named.
             every = ["dense", "lexical", "hybrid"] if r.default_mode == "hybrid" else ["dense"]
+            notes: list[str] = []
             subsets = None
             if r.manifest.head and Path(r.manifest.head["path"]).is_dir():  # rows for the documents it never trained on
-                from semsearch.encoder.heads import unseen_document_queries
-
-                unseen = unseen_document_queries(r.manifest.head["path"], data.qrels)
-                subsets = {"unseen documents": unseen} if unseen is not None else None
-            return ev.evaluate_index(data, r, cutoffs, modes=list(modes or every), fusion=fusion, alpha=alpha,
-                                     subsets=subsets).to_dict()
+                subsets = _unseen_subsets(r.manifest.head["path"], data.qrels, split, notes)
+            report = ev.evaluate_index(data, r, cutoffs, modes=list(modes or every), fusion=fusion, alpha=alpha,
+                                       subsets=subsets).to_dict()
+            report["notes"] = notes
+            return report
         finally:
             r.close()
+    data = share = None
+    if dataset is not None:
+        full = ev.load_beir(Path(dataset), split)  # before the model loads: a bad folder fails fast
+        if head is not None:  # the whole corpus, not a --max-docs cut of it
+            share = _check_eval_head(Path(head), full, force)
+        data = subset(full)
     enc = encoder_for_index(None, model, None, Path(head) if head is not None else None, device, precision, max_length)
     names = list(pooling or ["mean"]) + (["head"] if head is not None else [])
     report: dict[str, Any] = {}
-    if dataset is not None:
-        data = subset(ev.load_beir(Path(dataset), split))
-        subsets = None
-        if head is not None:
-            from semsearch.encoder.heads import unseen_document_queries
-
-            unseen = unseen_document_queries(head, data.qrels)
-            subsets = {"unseen documents": unseen} if unseen is not None else None
+    notes = []
+    if data is not None:
+        subsets = _unseen_subsets(head, data.qrels, split, notes) if head is not None else None
         report = ev.evaluate_beir(data, enc, names, cutoffs, progress=progress, modes=list(modes or ["dense"]),
                                   fusion=fusion, alpha=alpha, per_query=per_query, subsets=subsets).to_dict()
+        if share is not None:
+            report["settings"]["head_corpus_share"] = round(share, 3)
     if pairs is not None:
+        import time
+
+        t0 = time.perf_counter()
         cols = list(pair_columns) if pair_columns else None
-        report["pairs"] = {"file": str(pairs), "results": ev.evaluate_pairs(Path(pairs), enc, names, cols),
-                           "settings": ev.encoder_settings(enc)}
+        rows = ev.evaluate_pairs(Path(pairs), enc, names, cols)
+        settings = ev.encoder_settings(enc)
+        if not report:  # pairs alone: the same layout as a retrieval report
+            report = {"dataset": str(pairs), "split": None, "results": [], "settings": settings,
+                      "seconds": {"total": round(time.perf_counter() - t0, 2)}}
+        report["results"] = report["results"] + rows
+        report["pairs_file"] = str(pairs)
+        # The earlier layout of pair rows, kept as an alias for existing readers of `pairs.results`.
+        report["pairs"] = {"file": str(pairs), "results": rows, "settings": settings}
+    report["notes"] = notes
     return report
+
+
+def _check_eval_head(head: Path, data, force: bool) -> float | None:
+    """The share of the head's training documents in the dataset's corpus (None: it records no
+    corpus); a head trained on another corpus: HeadCorpusMismatch unless force, as `index` does."""
+    from semsearch.encoder.heads import check_head_corpus, document_key
+
+    return check_head_corpus(head, (document_key(d, "") for d in data.doc_ids), force,
+                             where="this dataset's corpus", train=f"semsearch train --beir {data.folder}")
+
+
+def _unseen_subsets(head: str | os.PathLike, qrels: dict[str, dict[str, int]], split: str,
+                    notes: list[str]) -> dict[str, list[str]] | None:
+    """{'unseen documents': the queries none of whose relevant documents the head trained on}, or
+    None; where there are no such rows, the reason is added to notes."""
+    from semsearch.encoder.heads import unseen_document_queries
+
+    unseen = unseen_document_queries(head, qrels)
+    if unseen is None:
+        notes.append("no unseen-document rows: the head does not record the documents it was trained on "
+                     "(trained on a pairs file, or written before the record existed)")
+        return None
+    if not unseen:
+        notes.append(f"no unseen-document rows: all {len(qrels)} {split} queries have a relevant document "
+                     "the head was trained on")
+    return {"unseen documents": unseen}
 
 
 # ---- train ---------------------------------------------------------------------------------------
@@ -177,13 +223,17 @@ class NotImproved(SemsearchError):
 @dataclass
 class TrainReport:
     """What `train` made: the head folder's {'path', 'fingerprint'}, the one-line verdict on the
-    dev set, each dev check, and whether it beat the base model there."""
+    dev set, each dev check, and whether it beat the base model there. `forced`: saved only
+    because of force (it did not beat the base model, or no dev set checked it); `note` says so
+    in words, with the dev figures ("" otherwise)."""
 
     head: dict[str, Any]
     kind: str  # 'query-layers' or 'pooling'
     verdict: str
     improved: bool
     history: list[dict[str, Any]] = field(default_factory=list)
+    forced: bool = False
+    note: str = ""
 
 
 def train(
@@ -254,11 +304,14 @@ def train(
         res, info = _train_query_layers(out, train_layers, pseudo_queries, epochs, patience, lr, weight_decay, force, mode,
                                         seen_fraction=seen_fraction, **args)
         kind = "query-layers"
+        note = _forced_note(res, "the trained query layers", f"the base model ({mode})", "they were")
     else:
         res, info = _train_pooling_head(out, pseudo_queries, epochs, patience, lr, weight_decay, hard_negatives, neg_skip,
                                         neg_depth, symmetric, projection, force, **args)
         kind = "pooling"
-    return TrainReport(head=info, kind=kind, verdict=res.verdict(), improved=res.improved, history=list(res.history))
+        note = _forced_note(res, "the head", "mean pooling", "it was")
+    return TrainReport(head=info, kind=kind, verdict=res.verdict(), improved=res.improved, history=list(res.history),
+                       forced=bool(note), note=note)
 
 
 def _gate(res, force: bool, log: Log, what: str, base: str, were: str, them: str) -> None:
@@ -273,6 +326,24 @@ def _gate(res, force: bool, log: Log, what: str, base: str, were: str, them: str
     if not res.improved and not force:
         raise NotImproved(f"{what} did not beat {base} on the {'unseen-document ' if res.gate == 'unseen' else ''}dev set, "
                           f"so {were} not saved ({verdict}). Use --force to save {them} anyway.")
+
+
+def _forced_note(res, what: str, base: str, were: str) -> str:
+    """A result saved only because of force, in words with its dev figures; "" for one that beat the base."""
+    if res.gate == "none":
+        return (f"{what} {were.split()[1]} not checked: no dev set (--dev-fraction 0), so nothing shows an improvement on "
+                f"{base}; {were} saved only because of --force (head.json records improved_on_dev: false)")
+    if res.improved:
+        return ""
+    key = getattr(res, "rank", "") or res.gate  # the dev figure a result must beat the base on
+    part = {"unseen": "the unseen-document dev split", "dev": "the dev split"}.get(key, f"the {key} dev split")
+    n = len(res.split.unseen) if key == "unseen" else len(res.split.dev)
+    if key in res.base and key in res.best:
+        figs = f"nDCG@10 {res.base[key]:.2f} for {base} -> {res.best[key]:.2f} trained, on {n} queries"
+    else:
+        figs = f"nDCG@10 {res.base.get(key, float('nan')):.2f} for {base}; no trained check to compare, on {n} queries"
+    return (f"{what} did not improve on {part} ({figs}): {were} saved only because of --force "
+            "(head.json records improved_on_dev: false)")
 
 
 def _train_pooling_head(out, pseudo_queries, epochs, patience, lr, weight_decay, hard_negatives, neg_skip, neg_depth,

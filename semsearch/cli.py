@@ -324,7 +324,9 @@ def compact(index, as_json):
 @click.argument("dataset", required=False, type=click.Path(path_type=Path))
 @click.option("--split", default="test", show_default=True, help="Which qrels/<split>.tsv to evaluate on.")
 @click.option("--pooling", default=None, callback=_pooling_list, help="Comma-separated poolings to compare (one encoder pass), e.g. cls,mean,max. Default: mean.")
-@click.option("--head", "heads", multiple=True, type=click.Path(exists=True, file_okay=False, path_type=Path), help="Also evaluate a trained pooling head (repeatable).")
+@click.option("--head", "heads", multiple=True, type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="Also evaluate a head from `semsearch train` (query layers or a pooling head), beside the --pooling baselines; "
+                   "one per run. A head trained on another corpus than DATASET's is refused (see --force).")
 @click.option("--model", default=None, help="Model folder or hub name. Default: the bundled all-MiniLM-L6-v2.")
 @click.option("--k", "ks", default="10,100", show_default=True, help="Comma-separated cutoffs for nDCG, recall, MAP, MRR.")
 @click.option("--index", "index", type=click.Path(file_okay=False, path_type=Path), default=None,
@@ -343,10 +345,11 @@ def compact(index, as_json):
 @click.option("--json", "as_json", is_flag=True, help="Every number and the settings that produced it, as JSON.")
 @click.option("--per-query", is_flag=True, help="With --json / --out: also each query's nDCG@k and recall@k.")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Also write the JSON report to this file.")
+@click.option("--force", is_flag=True, help="Evaluate a --head trained on another corpus anyway (it is refused otherwise, with the share of its training documents found in DATASET).")
 @click.option("--progress/--no-progress", default=None, help="Progress bar. Default: shown on a terminal.")
 @handle_errors
 def eval_(dataset, split, pooling, heads, model, ks, index, pairs, pair_columns, max_queries, max_docs, device, precision,
-          max_length, modes, fusion, alpha, as_json, per_query, out, progress):
+          max_length, modes, fusion, alpha, as_json, per_query, out, force, progress):
     """Measure retrieval quality on a BEIR-format DATASET folder, or pair similarity with --pairs.
 
     \b
@@ -358,6 +361,10 @@ def eval_(dataset, split, pooling, heads, model, ks, index, pairs, pair_columns,
     BEIR and MTEB do. Default search is exact; every pooling and mode is computed from one encoder
     pass. As BEIR does, a hit whose document id equals the query's id is dropped; a query whose
     relevant documents are all missing from the corpus counts as 0 (as MTEB averages it).
+
+    --head evaluates one head (to compare two, run eval once for each), with rows for the test
+    queries none of whose relevant documents it trained on. --json: every report, --pairs too,
+    has its rows under `results` (`pairs.results` is kept as an alias).
     """
     from semsearch import api
 
@@ -372,15 +379,20 @@ def eval_(dataset, split, pooling, heads, model, ks, index, pairs, pair_columns,
     report = api.evaluate(dataset, split=split, pooling=pooling, head=heads[0] if heads else None, model=model, k=cutoffs,
                           index=index, pairs=pairs, pair_columns=pair_columns.split(",") if pair_columns else None,
                           max_queries=max_queries, max_docs=max_docs, device=device, precision=precision,
-                          max_length=max_length, modes=modes, fusion=fusion, alpha=alpha, per_query=per_query, progress=progress)
+                          max_length=max_length, modes=modes, fusion=fusion, alpha=alpha, per_query=per_query, force=force,
+                          progress=progress)
     text = json.dumps(report, indent=2)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text + "\n", encoding="utf-8")
     if as_json:
         click.echo(text)
+        for note in report.get("notes", ()):
+            click.echo(note, err=True)
         return
     click.echo(fmt.eval_report(report))
+    for note in report.get("notes", ()):
+        click.echo(note)
 
 
 @main.command()
@@ -424,7 +436,7 @@ def eval_(dataset, split, pooling, heads, model, ks, index, pairs, pair_columns,
                    "search) adds BM25's part of the fused score to the loss, so the layers learn what BM25 misses.")
 @click.option("--cache", type=click.Path(file_okay=False, path_type=Path), default=Path("indexes/.cache"), show_default=True,
               help="Where token states are cached, so a second run does not encode again.")
-@click.option("--force", is_flag=True, help="Save the best trained epoch's head even if it does not beat mean pooling on the dev set.")
+@click.option("--force", is_flag=True, help="Save the best trained check even if it does not beat the base model on the dev set (it then says so, and head.json records improved_on_dev: false).")
 @device_option
 @click.option("--precision", type=click.Choice(["auto", "fp32", "bf16", "fp16", "int8"]), default="auto", show_default=True, help="Encoder arithmetic for the token states.")
 @click.option("--progress/--no-progress", default=None, help="Progress bar. Default: shown on a terminal.")
@@ -465,6 +477,8 @@ def train(beir, split, dev_split, pairs, index, train_layers, pseudo_queries, ou
                     force=force, device=device,
                     precision=precision, progress=progress, log=lambda line: click.echo(line, err=True))
     click.echo(rep.verdict)
+    if rep.forced:
+        click.echo(f"warning: {rep.note}")
     if rep.kind == "pooling":
         click.echo(f"saved head to {out} (fingerprint {rep.head['fingerprint']})")
     else:

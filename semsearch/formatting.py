@@ -91,7 +91,9 @@ def eval_report(report: dict) -> str:
     from semsearch import eval as ev
 
     out: list[str] = []
-    if "results" in report:
+    rows = [r for r in report.get("results", ()) if "spearman" not in r]  # pair rows: below
+    pair_rows = [r for r in report.get("results", ()) if "spearman" in r]
+    if rows:
         s = report["settings"]
         out.append(f"{report['dataset']} ({report['split']}): {s['queries']} queries, {s['documents']} documents; "
                    f"model {s['model']} ({s['model_fingerprint']}), {s['precision']}, max length {s['max_length']}")
@@ -100,9 +102,9 @@ def eval_report(report: dict) -> str:
         if s.get("fusion"):
             out.append(f"hybrid: {s['fusion']} fusion" + (f", alpha {s['alpha']}" if s.get("alpha") is not None else "")
                        + f", top {s['depth']} of each side")
-        out.append(ev.format_table(report["results"]))
+        out.append(ev.format_table(rows))
         out.append("time: " + ", ".join(f"{k} {v}" for k, v in report["seconds"].items()))
-    if "pairs" in report:
-        out.append(f"pairs: {report['pairs']['file']}")
-        out.append(ev.format_table(report["pairs"]["results"]))
+    if pair_rows:
+        out.append(f"pairs: {report['pairs_file']}")
+        out.append(ev.format_table(pair_rows))
     return "\n".join(out)

@@ -180,11 +180,14 @@ def corpus_share(record: dict[str, Any], keys: Iterable[str]) -> float:
     return sum(h in have for h in sketch) / len(sketch)
 
 
-def check_head_corpus(folder: str | Path, keys: Iterable[str], force: bool = False) -> float | None:
+def check_head_corpus(folder: str | Path, keys: Iterable[str], force: bool = False, *, where: str = "this index",
+                      train: str = "semsearch train --index ...") -> float | None:
     """Whether the head in folder was trained on the corpus whose document keys are given (an
-    index's, see index_row_key): the share of its training documents found there, None when the
-    head records no corpus (heads written before the record, or trained on a pairs file alone:
-    accepted). Below SAME_CORPUS: HeadCorpusMismatch, or with force a logged warning."""
+    index's, see index_row_key; a dataset's, see document_key): the share of its training
+    documents found there, None when the head records no corpus (heads written before the record,
+    or trained on a pairs file alone: accepted). Below SAME_CORPUS: HeadCorpusMismatch, or with
+    force a logged warning. `where` names the corpus in the message, `train` the command to train
+    a head on it."""
     from semsearch.errors import HeadCorpusMismatch
 
     cfg = read_head_config(folder)
@@ -201,9 +204,9 @@ def check_head_corpus(folder: str | Path, keys: Iterable[str], force: bool = Fal
     were = "were" if cfg.get("kind") == QUERY_LAYERS else "was"
     trained = f" ({cfg['training_data']})" if cfg.get("training_data") else ""
     msg = (f"the {what} at {folder} {were} trained on another corpus{trained}: about {share:.0%} of the "
-           f"{record.get('documents', '?')} training documents are in this index of {len(set(keys))} documents. "
+           f"{record.get('documents', '?')} training documents are in {where} of {len(set(keys))} documents. "
            "A head fits the corpus it was trained on and measured lower than the base model on another domain; "
-           "train one on this index (`semsearch train --index ...`), or use this one anyway with --force")
+           f"train one on {where} (`{train}`), or use this one anyway with --force")
     if force:
         log.warning("%s (forced)", msg)
         return share
