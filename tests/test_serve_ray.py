@@ -1,11 +1,13 @@
 """`semsearch serve --engine ray`: the index served by Ray Serve, 3 shards x 2 replicas on a local
 Ray cluster (2 CPUs), answers over HTTP exactly as one process does; while clients search and a
-writer publishes generations, one replica of each shard is killed in turn: no client error,
+writer publishes generations, one replica of each shard is killed (SIGKILL of its process) in turn: no client error,
 read-your-writes after each acknowledged write, no answer mixing generations."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import socket
 import threading
 import time
@@ -140,7 +142,9 @@ def test_killing_a_replica_of_each_shard_under_load_loses_nothing(cluster):
         for shard in range(3):
             names = _replicas(shard)
             assert len(names) == 2, names
-            ray.kill(ray.get_actor(names[0], namespace="serve"), no_restart=True)
+            actor = ray.get_actor(names[0], namespace="serve")
+            pid = ray.get(actor.__ray_call__.remote(lambda self: __import__("os").getpid()), timeout=60)
+            os.kill(pid, signal.SIGKILL)  # kill -9 of the replica's process, mid-load
             killed.append(names[0])
             time.sleep(4)
             deadline = time.time() + 180  # Serve starts a replacement: wait for two live replicas again
