@@ -263,10 +263,6 @@ def _heading_level(style: str) -> int:
 
 # ---- PDF ----------------------------------------------------------------------------------
 
-_PAGE_NO = re.compile(r"^\s*(?:page\s+)?(?:\d{1,5}|[ivxlcdm]{1,8})(?:\s*(?:of|/)\s*\d{1,5})?\s*$", re.I)
-_HYPHEN_BREAK = re.compile(r"(?<=[^\W\d_])[-\u00ad\x02]\n(?=[^\W\d_])")
-
-
 def _pdf(path: Path, on_bytes: Callable[[int], None] | None) -> Extracted:
     import pypdfium2 as pdfium
 
@@ -305,66 +301,24 @@ def _pdf(path: Path, on_bytes: Callable[[int], None] | None) -> Extracted:
     return Extracted(_pdf_blocks(pdf, path, n, marks, on_bytes, size), marks)
 
 
-def _page_lines(pdf, i: int) -> list[str]:
-    page = pdf[i]
-    try:
-        tp = page.get_textpage()
-        try:
-            raw = tp.get_text_bounded()
-        finally:
-            tp.close()
-    finally:
-        page.close()
-    # PDFium marks a hyphen that ends a line as \x02 and joins the next line to it: a word
-    # broken there is whole again; before anything else (a footer's page number), the hyphen
-    # and the line break come back.
-    raw = re.sub(r"(?<=[^\W\d_])\x02(?=[^\W\d_])", "", raw).replace("\x02", "-\n")
-    return raw.replace("\r\n", "\n").replace("\r", "\n").split("\n")
-
-
-def _edge_keys(lines: list[str]) -> set[tuple[int, str]]:
-    """The first and last two non-blank lines of a page by position, digits folded: running
-    headers and footers repeat these from page to page (with another page number)."""
-    full = [k for k, ln in enumerate(lines) if ln.strip()]
-    edges = list(zip((0, 1), full[:2])) + list(zip((-1, -2), full[::-1][:2]))
-    return {(pos, _fold(lines[k])) for pos, k in edges}
-
-
-def _fold(line: str) -> str:
-    return re.sub(r"\d+", "#", " ".join(line.split())).lower()
-
-
-def _clean_page(lines: list[str], neighbours: set[tuple[int, str]]) -> str:
-    """A page's text without its running header / footer lines (the same line, digits aside,
-    at the same place on the page before or after) and bare page numbers, with words
-    hyphenated at line ends joined again."""
-    full = [k for k, ln in enumerate(lines) if ln.strip()]
-    edges = list(zip((0, 1), full[:2])) + list(zip((-1, -2), full[::-1][:2]))
-    drop = {k for pos, k in edges if _PAGE_NO.match(lines[k]) or (pos, _fold(lines[k])) in neighbours}
-    text = "\n".join(ln.rstrip() for k, ln in enumerate(lines) if k not in drop).strip()
-    text = _HYPHEN_BREAK.sub("", text)
-    return text.replace("\x02", "").replace("\u00ad", "").replace("\x00", "")
-
-
 def _pdf_blocks(pdf, path: Path, n: int, marks: Marks, on_bytes, size: int) -> Iterator[str]:
-    """The pages' text, one block a page (one page of look-ahead for running headers)."""
+    """The pages' text, one block a page, cleaned by semsearch.corpus.pdfclean (running headers
+    and footers, page numbers, contents pages); pages are read a few ahead of the one given."""
+    from semsearch.corpus import pdfclean
+
     offset = empty = 0
     done_bytes = 0
     try:
-        prev_keys: set[tuple[int, str]] = set()
-        cur = _page_lines(pdf, 0)
-        cur_keys = _edge_keys(cur)
+        texts = pdfclean.clean_pages(pdfclean.read_page(pdf, i) for i in range(n))
+        cur, blank = next(texts)
         pending = ""  # the end of the previous page when it ended in a hyphenated word
         for i in range(n):
-            nxt = _page_lines(pdf, i + 1) if i + 1 < n else None
-            nxt_keys = _edge_keys(nxt) if nxt is not None else set()
-            text = _clean_page(cur, (prev_keys | nxt_keys) & cur_keys)
-            if not text:
-                empty += 1
+            nxt, nxt_blank = next(texts) if i + 1 < n else (None, False)
+            empty += blank  # no text layer (a contents page left empty by cleaning is not)
             marks.page_starts.append(offset)  # where the page's text (or its carried-over word) starts
-            block = pending + text
+            block = pending + cur
             pending = ""
-            if nxt is not None and re.search(r"[^\W\d_]-$", block) and re.match(r"[a-z]", _clean_page(nxt, cur_keys & nxt_keys)):
+            if nxt is not None and re.search(r"[^\W\d_]-$", block) and re.match(r"[a-z]", nxt):
                 # a word hyphenated across the page break: its start waits for its end
                 cut = len(block) - len(re.search(r"[^\W\d_]*-$", block).group(0))
                 block, pending = block[:cut], block[cut:-1]
@@ -377,7 +331,7 @@ def _pdf_blocks(pdf, path: Path, n: int, marks: Marks, on_bytes, size: int) -> I
                 done_bytes = now
             if block:
                 yield block
-            prev_keys, cur, cur_keys = cur_keys, nxt, nxt_keys
+            cur, blank = nxt, nxt_blank
     finally:
         pdf.close()
     if empty == n:
