@@ -151,10 +151,14 @@ def _measure(p: Page) -> Page:
     if not placed or len(placed) < len(full) or p.height <= 0:
         return p  # positions missing for some lines: text order only
     bases = sorted({round(ln.base, 1) for _, ln in placed}, reverse=True)
-    diffs = [a - b for a, b in zip(bases, bases[1:]) if a - b > 0.5]
+    # the pitch from lines that follow each other in text order (in one column, in two-column
+    # pages, whose baselines need not line up)
+    diffs = [a.base - b.base for (_, a), (_, b) in zip(placed, placed[1:]) if a.base - b.base > 0.5]
     sizes = [ln.size for _, ln in placed for _ in range(max(len(ln.text) // 10, 1)) if ln.size]
     p.pitch = statistics.median(diffs) if diffs else 0.0
     p.size = statistics.median(sizes) if sizes else 0.0
+    if p.size:  # a short page's few lines (or PDFium joining some) can make the median a gap
+        p.pitch = min(p.pitch, 1.6 * p.size)
     p.top, p.bottom = set(), set()
     if not diffs:
         return p
