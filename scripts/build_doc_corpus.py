@@ -10,7 +10,8 @@ Build one (Sphinx is not a dependency of semsearch: install it anywhere, e.g. a 
         # Debian's python3.X-doc package unpacked (apt-get download + dpkg -x): the Python manual
         # as the distribution ships it, ~530 pages, _sources/, a gzipped changelog.html.gz
 
-Index it and measure:
+Index it and measure (or, without an index: `check OUT/html --structure`, every figure but
+known-item, from the files, chunked with the bundled model's tokenizer, nothing embedded):
 
     semsearch index OUT/html --index IDX
     python scripts/build_doc_corpus.py check OUT/html --index IDX [--sample 220] [--json]
@@ -179,6 +180,51 @@ def check(html: Path, index: Path, sample: int, seed: int) -> dict:
     return out
 
 
+def structure(html: Path) -> dict:
+    """The same figures without an index or embeddings (no known-item): the folder walked with
+    the default selection, each file extracted and chunked with the bundled model's tokenizer."""
+    from semsearch.corpus.chunking import ChunkSettings
+    from semsearch.corpus.readers import ReadOptions
+    from semsearch.corpus.walk import walk
+    from semsearch.encoder import Encoder
+    from semsearch.engines.chunks import file_chunks
+
+    enc = Encoder(precision="fp32", device="cpu")
+    settings = ChunkSettings(window=enc.max_length - 2)
+    html = html.resolve()
+    found = walk(html)
+    out: dict = {"files": 0, "chunks": 0, "pages": 0, "outside_tree": 0, "outside_tree_pages": 0, "not_under_top": 0,
+                 "pilcrow": 0, "escapes": 0, "skipped": dict(found.skipped)}
+    indexed = set()
+    for f in found.files:
+        try:
+            metas = [r.metadata for _, rows in file_chunks(f.path, enc.token_offsets, settings, ReadOptions()) for r in rows]
+        except Exception as e:  # noqa: BLE001 - a file the reader refuses: counted apart
+            out.setdefault("unreadable", []).append(f"{f.path.name}: {e}")
+            continue
+        rel = f.path.relative_to(html).as_posix()
+        indexed.add(rel)
+        out["files"] += 1
+        out["chunks"] += len(metas)
+        is_page = rel.endswith((".html", ".htm", ".html.gz"))
+        tree, top = heading_tree(f.path) if is_page else (set(), None)
+        out["pages"] += is_page
+        bad = 0
+        for m in metas:
+            for k in ("title", "section"):
+                v = m.get(k) or ""
+                out["pilcrow"] += "\u00b6" in v
+                out["escapes"] += bool(_ESCAPE.search(v))
+            sec = m.get("section")
+            if is_page and sec is not None and norm(sec) not in tree:
+                bad += 1
+                out["not_under_top"] += bool(top) and not norm(sec).startswith(top)
+        out["outside_tree"] += bad
+        out["outside_tree_pages"] += bad > 0
+    out["duplicate_pairs"] = sum(1 for rel in indexed if (pg := source_page(rel)) and (pg in indexed or pg + ".gz" in indexed))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -189,7 +235,8 @@ def main() -> None:
     d.add_argument("out", type=Path)
     c = sub.add_parser("check", help="figures of an index built from a documentation folder")
     c.add_argument("html", type=Path)
-    c.add_argument("--index", type=Path, required=True)
+    c.add_argument("--index", type=Path, help="an index built from the folder (else: --structure)")
+    c.add_argument("--structure", action="store_true", help="figures without an index: no embedding, no known-item")
     c.add_argument("--sample", type=int, default=220)
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--json", action="store_true")
@@ -199,7 +246,10 @@ def main() -> None:
     elif a.cmd == "debian-python-doc":
         print(debian_python_doc(a.out))
     else:
-        res = check(a.html, a.index, a.sample, a.seed)
+        if a.structure or a.index is None:
+            res = structure(a.html)
+        else:
+            res = check(a.html, a.index, a.sample, a.seed)
         print(json.dumps(res, indent=2) if a.json else "\n".join(f"{k}: {v}" for k, v in res.items()))
 
 
