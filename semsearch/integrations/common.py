@@ -35,6 +35,24 @@ def open_retriever(index: str | os.PathLike | None, device: str = "auto"):
     return Retriever.load(index, device=device)
 
 
+def open_or_create(index: str | os.PathLike | None, device: str = "auto", encoder=None, create: bool = True):
+    """A Retriever over an index folder (default: $SEMSEARCH_INDEX or ./indexes/default), for the
+    stores: a folder without an index becomes an empty one (the bundled model, or `encoder`)
+    unless `create` is False."""
+    from semsearch.search import Retriever
+    from semsearch.store.folder import index_path, writer_lock
+
+    folder = index_path(index)
+    if create and not (folder / "manifest.json").exists():
+        from semsearch.documents import create_index
+        from semsearch.indexing import encoder_for_index
+
+        encoder = encoder if encoder is not None else encoder_for_index(None, device=device)
+        with writer_lock(folder):
+            create_index(folder, encoder)
+    return Retriever.load(folder, device=device, encoder=encoder)
+
+
 def search_kwargs(retriever, mode: str | None = None, where: dict[str, Any] | None = None) -> dict[str, Any]:
     """mode / where as keyword arguments of retriever.search_batch, only where they are given;
     InputError where given to a Retriever that does not take them."""

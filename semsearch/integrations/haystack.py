@@ -18,7 +18,8 @@ import os
 from typing import Any, Callable, Iterable
 
 from semsearch.errors import InputError
-from semsearch.integrations.common import (check_k, check_mode, check_where, hit_metadata, open_retriever, require, search,
+from semsearch.integrations.common import (check_k, check_mode, check_where, hit_metadata, open_or_create, open_retriever,
+                                           require, search,
                                            where_from_comparisons)
 from semsearch.store.folder import writer_lock
 
@@ -161,9 +162,6 @@ class SemsearchDocumentStore:
         """`index`: the folder (default: $SEMSEARCH_INDEX or ./indexes/default); a folder without
         an index becomes an empty one (the bundled model, or `encoder`) unless `create` is False.
         `retriever`: an open semsearch Retriever to use instead (its folder is the index)."""
-        from semsearch.search import Retriever
-        from semsearch.store.folder import index_path
-
         self.device = device
         self.create = create
         self.strict_datetime_comparison = bool(strict_datetime_comparison)
@@ -172,15 +170,7 @@ class SemsearchDocumentStore:
             self._retriever = retriever
             return
         self.index = None if index is None else os.fspath(index)
-        folder = index_path(index)
-        if create and not (folder / "manifest.json").exists():
-            from semsearch.documents import create_index
-            from semsearch.indexing import encoder_for_index
-
-            encoder = encoder if encoder is not None else encoder_for_index(None, device=device)
-            with writer_lock(folder):
-                create_index(folder, encoder)
-        self._retriever = Retriever.load(folder, device=device, encoder=encoder)
+        self._retriever = open_or_create(index, device, encoder, create)
 
     @property
     def retriever(self):

@@ -25,7 +25,8 @@ import numpy as np
 
 from semsearch.errors import InputError
 from semsearch.store.folder import writer_lock
-from semsearch.integrations.common import (check_k, check_mode, check_where, hit_metadata, open_retriever, require, search,
+from semsearch.integrations.common import (check_k, check_mode, check_where, hit_metadata, open_or_create, open_retriever,
+                                           require, search,
                                            where_from_langchain)
 
 require("langchain_core.retrievers", "langchain")
@@ -169,18 +170,7 @@ class SemsearchVectorStore(VectorStore):
                    mode: str = "dense", create: bool = True) -> "SemsearchVectorStore":
         """A store over an index folder (default: $SEMSEARCH_INDEX or ./indexes/default); a folder
         without an index becomes an empty one (the bundled model, or `encoder`) unless `create` is False."""
-        from semsearch.search import Retriever
-        from semsearch.store.folder import index_path
-
-        folder = index_path(index)
-        if create and not (folder / "manifest.json").exists():
-            from semsearch.documents import create_index
-            from semsearch.indexing import encoder_for_index
-
-            encoder = encoder if encoder is not None else encoder_for_index(None, device=device)
-            with writer_lock(folder):
-                create_index(folder, encoder)
-        return cls(Retriever.load(folder, device=device, encoder=encoder), mode=mode)
+        return cls(open_or_create(index, device, encoder, create), mode=mode)
 
     @classmethod
     def from_texts(cls, texts: list[str], embedding: Embeddings | None = None, metadatas: list[dict] | None = None, *,
