@@ -743,8 +743,10 @@ def _stored_vectors(g, ids: list[int]) -> dict[int, np.ndarray]:
 
 
 def explain_hits(retriever, g, queries: Sequence[str], qv: np.ndarray | None, hits: list[list], mode: str,
-                 fusion: str, alpha: float, pools: list | None) -> None:
-    """Set hit.explanation on every hit of a search (called by Retriever.search_batch)."""
+                 fusion: str, alpha: float, pools: list | None, lexical_parts: dict | None = None) -> None:
+    """Set hit.explanation on every hit of a search (called by Retriever.search_batch).
+    `lexical_parts`: the BM25 part of each explanation, {(query number, chunk id): dict}, worked
+    out elsewhere (by the shards of a sharded index, each for its own chunks) instead of here."""
     flat = [(qi, h) for qi, row in enumerate(hits) for h in row]
     if not flat:
         return
@@ -782,7 +784,10 @@ def explain_hits(retriever, g, queries: Sequence[str], qv: np.ndarray | None, hi
             parts = _word_span_parts([s[2] for s in spans_of], [s[3] for s in spans_of])
             for (j, d, tok, t), part in zip(spans_of, parts):
                 later[j].append(functools.partial(_fill_dense, d, tok, t, part))
-        if lex is not None:
+        if lexical_parts is not None and mode in ("lexical", "hybrid"):
+            for e, h in zip(es, row):
+                e["lexical"] = lexical_parts.get((qi, h.id))
+        elif lex is not None:
             fill: list = []
             for e, x in zip(es, explain_lexical_many(lex, QueryTerms(lex, queries[qi]),
                                                      [(h.id, h.text, h.lexical_score) for h in row], defer=fill)):

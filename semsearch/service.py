@@ -528,8 +528,5 @@ class ShardedService(Service):
         self._stamp = stamp
 
     def search(self, queries: list[str], k: int, mode: str | None, where: dict | None, explain: bool = False):
-        if explain:
-            raise InputError("explain is not available on a sharded server yet: ask the one-process server "
-                             "(`semsearch serve` without --engine ray) to explain a hit")
         self.retriever()  # the view follows the newest generation
-        return self.router.search_at(queries, k, mode, where)
+        return self.router.search_at(queries, k, mode, where, explain=explain)

@@ -178,9 +178,39 @@ class Shard:
         s = self._at(generation)
         return [] if s.empty else list(s.g.docs.select(columns, where, params))
 
+    def explain_lexical(self, generation: int, items: list[tuple[str, dict, list[tuple[int, str, float | None]]]]
+                        ) -> list[dict[int, dict[str, Any]]]:
+        """Per query (its text, the whole index's statistics, its hits as (id, text, BM25)): the BM25
+        part of the explanation of each hit this shard holds, {id: dict}, as one process gives it."""
+        from semsearch.explain import QueryTerms, explain_lexical_many
+
+        s = self._at(generation)
+        out: list[dict[int, dict[str, Any]]] = []
+        for query, st, rows in items:
+            held = set(s.g.docs.held([i for i, _, _ in rows]).tolist()) if not s.empty and s.lex is not None else set()
+            mine = [r for r in rows if r[0] in held]
+            if not mine:
+                out.append({})
+                continue
+            lex = _under(s.lex, st)
+            parts = explain_lexical_many(lex, QueryTerms(lex, query), mine)
+            out.append({int(r[0]): part for r, part in zip(mine, parts)})
+        return out
+
+    def vectors(self, generation: int, ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """(the ids this shard holds, of those given; their stored vectors)."""
+        s = self._at(generation)
+        held = s.g.docs.held(ids) if not s.empty else np.zeros(0, np.int64)
+        if not len(held):
+            return held, np.zeros((0, 0), np.float32)
+        vecs = s.g.vectors.reconstruct(held)
+        if vecs is None:
+            held, vecs = s.g.docs.get_vectors(held)
+        return np.asarray(held, np.int64), np.asarray(vecs, np.float32)
+
     def call(self, method: str, *args):
         """One of the rounds by name (what a shard deployment's replicas are called with)."""
-        if method not in ("prepare", "candidates", "fill", "chunks", "select", "generation"):
+        if method not in ("prepare", "candidates", "fill", "chunks", "select", "generation", "explain_lexical", "vectors"):
             raise InputError(f"no shard method {method!r}")
         return getattr(self, method)(*args)
 
@@ -233,12 +263,12 @@ class ShardedSearch:
         return self.search_batch([query], k, mode, where, **kw)[0]
 
     def search_batch(self, queries: Sequence[str], k: int = 10, mode: str | None = None, where: Any = None,
-                     fusion: str = "convex", alpha: float | None = None):
-        """As Retriever.search_batch (without explain), over the shards; one generation throughout."""
-        return self.search_at(queries, k, mode, where, fusion, alpha)[1]
+                     fusion: str = "convex", alpha: float | None = None, explain: bool = False):
+        """As Retriever.search_batch, over the shards; one generation throughout."""
+        return self.search_at(queries, k, mode, where, fusion, alpha, explain)[1]
 
     def search_at(self, queries: Sequence[str], k: int = 10, mode: str | None = None, where: Any = None,
-                  fusion: str = "convex", alpha: float | None = None):
+                  fusion: str = "convex", alpha: float | None = None, explain: bool = False):
         """(the generation searched, search_batch's hits)."""
         queries = list(queries)
         if not queries or any(not isinstance(q, str) or not q.strip() for q in queries):
@@ -251,14 +281,15 @@ class ShardedSearch:
         for attempt in range(STALE_RETRIES):
             try:
                 return generation, self._search(generation, queries, k, mode, where, fusion,
-                                                fusion_.ALPHA if alpha is None else alpha)
+                                                fusion_.ALPHA if alpha is None else alpha, explain)
             except Stale as e:
                 if attempt == STALE_RETRIES - 1:
                     raise
                 generation = max(getattr(e, "generation", 0) or 0, self._generation())
         raise AssertionError("unreachable")
 
-    def _search(self, gen: int, queries: list[str], k: int, mode: str | None, where: Any, fusion: str, alpha: float):
+    def _search(self, gen: int, queries: list[str], k: int, mode: str | None, where: Any, fusion: str, alpha: float,
+                explain: bool = False):
         from semsearch.store.lexical import MAX_TERMS, terms
 
         hashes = [np.array(list(dict.fromkeys(terms(q)))[:MAX_TERMS], np.int64) for q in queries]
@@ -281,15 +312,34 @@ class ShardedSearch:
             found = [[(i, s, s, None) for i, s in _merge_dense(parts, q, k)] for q in range(len(queries))]
         elif mode == "lexical":
             found = [[(i, s, None, s) for i, s in _merge_lexical(parts, q, k)] for q in range(len(queries))]
-        else:
-            found = self._hybrid(gen, parts, qv, hashes, stats, depth, k, fusion, alpha)
+        pools: list | None = [] if explain else None
+        if mode == "hybrid":
+            found = self._hybrid(gen, parts, qv, hashes, stats, depth, k, fusion, alpha, pools)
         ids = sorted({i for row in found for i, *_ in row})
         chunks: dict[int, dict[str, Any]] = {}
         for part in self.fanout("chunks", gen, ids):
             chunks.update(part)
-        return hits_from(chunks, found, mode)
+        hits = hits_from(chunks, found, mode)
+        if explain:
+            self._explain(gen, queries, qv, hits, mode, fusion, alpha, pools, stats)
+        return hits
 
-    def _hybrid(self, gen, parts, qv, hashes, stats, depth, k, fusion, alpha):
+    def _explain(self, gen, queries, qv, hits, mode, fusion, alpha, pools, stats) -> None:
+        """Each hit's explanation, as one process gives it: the BM25 parts from the shards that hold
+        the hits (under the whole index's statistics), the dense parts here (the query encoder,
+        the hits' stored vectors from the shards), the fusion from the candidates kept."""
+        from semsearch.explain import explain_hits
+        from semsearch.store.manifest import Manifest
+
+        parts = None
+        if mode != "dense":
+            items = [(q, st, [(h.id, h.text, h.lexical_score) for h in row]) for q, st, row in zip(queries, stats, hits)]
+            parts = {(qi, i): d for got in self.fanout("explain_lexical", gen, items) for qi, per in enumerate(got)
+                     for i, d in per.items()}
+        explain_hits(self, _RouterGeneration(Manifest.load(self.folder), self.fanout, gen), queries, qv, hits, mode,
+                     fusion, alpha, pools, lexical_parts=parts)
+
+    def _hybrid(self, gen, parts, qv, hashes, stats, depth, k, fusion, alpha, pools: list | None = None):
         cands, dense = [], []
         for q in range(len(hashes)):
             d = _merge_dense(parts, q, depth)
@@ -301,6 +351,8 @@ class ShardedSearch:
         for q, cand in enumerate(cands):
             if not len(cand):
                 out.append([])
+                if pools is not None:
+                    pools.append(None)
                 continue
             d = np.empty(len(cand), np.float64)
             b = np.zeros(len(cand), np.float32)
@@ -310,9 +362,38 @@ class ShardedSearch:
                 b[at] = bm
             for i, s in dense[q].items():  # the search's own cosines, as one process keeps them
                 d[np.searchsorted(cand, i)] = s
+            if pools is not None:
+                pools.append((cand, d, b))
             fused = fusion_.fuse(d, b, fusion, alpha)
             out.append([(int(cand[j]), float(fused[j]), float(d[j]), float(b[j])) for j in fusion_.top(cand, fused, k)])
         return out
+
+
+class _RouterGeneration:
+    """What explain_hits reads of a generation, for the router of a sharded index: the manifest
+    (its head; token states are not read across shards: hits are encoded again), the hits' stored
+    vectors from the shards, and no lexical index (the shards explain BM25)."""
+
+    def __init__(self, manifest, fanout: Fanout, generation: int):
+        self.manifest = dataclasses.replace(manifest, states=None)
+        self.vectors = self
+        self.docs = self
+        self._fanout, self._generation = fanout, generation
+
+    def lexical(self, folder=None, required: bool = False):
+        return None
+
+    def reconstruct(self, ids) -> None:
+        return None  # the docstore path (get_vectors) asks the shards
+
+    def get_vectors(self, ids) -> tuple[np.ndarray, np.ndarray]:
+        got = [p for p in self._fanout("vectors", self._generation, [int(i) for i in ids]) if len(p[0])]
+        if not got:
+            return np.zeros(0, np.int64), np.zeros((0, 0), np.float32)
+        held = np.concatenate([g[0] for g in got])
+        vecs = np.concatenate([g[1] for g in got])
+        order = np.argsort(held, kind="stable")
+        return held[order], vecs[order]
 
 
 def _merge_dense(parts: list[dict], q: int, k: int) -> list[tuple[int, float]]:

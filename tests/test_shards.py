@@ -130,3 +130,34 @@ def test_empty_shards_and_bad_input(tmp_path, small_corpus):
             router.search("soup", **{"k": 3, **bad})
     with pytest.raises(InputError):
         Shard(folder, 3, 3)
+
+
+def close(a, b, path="") -> list[str]:
+    """Where two explanations differ: floats beyond 1e-5 (relative to their size), anything else unequal."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        if set(a) != set(b):
+            return [f"{path}: keys {sorted(set(a) ^ set(b))}"]
+        return [d for k in a for d in close(a[k], b[k], f"{path}.{k}")]
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        if len(a) != len(b):
+            return [f"{path}: {len(a)} items against {len(b)}"]
+        return [d for i, (x, y) in enumerate(zip(a, b)) for d in close(x, y, f"{path}[{i}]")]
+    if isinstance(a, float) or isinstance(b, float):
+        ok = a is not None and b is not None and abs(float(a) - float(b)) <= 1e-5 * max(1.0, abs(float(a)))
+        return [] if ok else [f"{path}: {a} against {b}"]
+    return [] if a == b else [f"{path}: {a!r} against {b!r}"]
+
+
+@pytest.mark.parametrize("shards", [2, 3])
+def test_explanations_equal_one_process(index, real_encoder, shards):
+    one = Retriever.load(index, device="cpu", encoder=real_encoder)
+    router = ShardedSearch(index, local_fanout([Shard(index, i, shards) for i in range(shards)]), real_encoder)
+    for mode in ("dense", "lexical", "hybrid"):
+        for where in (None, {"lang": "en"}):
+            want = one.search_batch(QUERIES[:3], 4, mode=mode, where=where, explain=True)
+            got = router.search_batch(QUERIES[:3], 4, mode=mode, where=where, explain=True)
+            for a, b in zip(want, got):
+                assert [h.id for h in a] == [h.id for h in b]
+                for ha, hb in zip(a, b):
+                    assert hb.explanation is not None and hb.explanation["mode"] == mode
+                    assert not close(ha.explanation, hb.explanation), (mode, where, close(ha.explanation, hb.explanation)[:5])

@@ -275,12 +275,20 @@ class LexicalIndex:
         """The query's distinct terms, in order of first occurrence (at most MAX_TERMS)."""
         return np.array(list(dict.fromkeys(terms(query)))[:MAX_TERMS], np.int64)
 
-    def _terms(self, hashes: np.ndarray) -> list[tuple[int, float, list[tuple[int, int, int]]]]:
-        """For each hash some live row holds: (hash, idf as float32, [(part, lo, hi)] of its postings)."""
+    def _terms(self, hashes: np.ndarray, everywhere: bool = False) -> list[tuple[int, float, list[tuple[int, int, int]]]]:
+        """For each hash some live row holds: (hash, idf as float32, [(part, lo, hi)] of its postings).
+        `everywhere` (explanations of a part of a larger collection, see under()): also the hashes
+        only rows elsewhere in the collection hold, with no postings here, in the query's order."""
+        local = {h: (df, spans) for h, df, spans in self._term_spans(hashes)}
         out = []
-        for h, df, spans in self._term_spans(hashes):
+        for h in hashes.tolist():
+            df, spans = local.get(h, (0, []))
             if self._df is not None:  # a part of a larger collection: its statistics
                 df = max(self._df.get(h, 0), df)
+                if not spans and not everywhere:
+                    continue
+            if not df:
+                continue
             # Lucene's BM25 IDF, always positive: log(1 + (N - df + 0.5) / (df + 0.5)).
             out.append((h, float(np.float32(np.log1p((self.n - df + 0.5) / (df + 0.5)))), spans))
         return out
@@ -508,7 +516,7 @@ class LexicalIndex:
         pos, held = self.rows_of(ids)
         part = np.searchsorted(self.offsets, pos, "right") - 1
         cols = []
-        for h, idf, spans in self._terms(np.asarray(hashes, np.int64)):
+        for h, idf, spans in self._terms(np.asarray(hashes, np.int64), everywhere=True):
             c, tf = [0.0] * len(ids), [0] * len(ids)
             for j, lo, hi in spans:
                 mine = np.flatnonzero(held & (part == j))
