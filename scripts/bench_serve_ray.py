@@ -7,6 +7,12 @@ and the router's overhead (p50 and p99 of single hybrid queries, interleaved rou
 The corpus and encoder are scripts/synthetic.py's (Zipf words, clustered vectors; the router gets
 the same stand-in encoder). The index is written in --steps runs of `index`, so that it has several
 segments for the shards to own (segments are the unit a shard owns). Prints one JSON object.
+
+    python scripts/bench_serve_ray.py --beir ../shared/data/beir/scifact --docs 1500 --queries 200 --explain 5
+
+--beir: a BEIR dataset's first --docs documents and its queries instead, with the bundled model (the
+router loads it from the index); --explain K also compares explain=true answers (top K, every number
+of every explanation within 1e-5) in the three modes.
 """
 from __future__ import annotations
 
@@ -61,6 +67,43 @@ def build(work: Path, chunks: int, steps: int) -> Path:
     return folder
 
 
+def build_beir(work: Path, beir: Path, docs: int, steps: int) -> tuple[Path, list[str]]:
+    from semsearch.encoder import Encoder
+    from semsearch.indexing import index_corpus
+
+    corpus_dir, folder = work / "corpus", work / "index"
+    shutil.rmtree(work, ignore_errors=True)
+    corpus_dir.mkdir(parents=True)
+    with open(beir / "corpus.jsonl", encoding="utf-8") as fh:
+        rows = [json.loads(line) for _, line in zip(range(docs), fh)]
+    enc = Encoder(device="cpu")
+    per = -(-len(rows) // steps)
+    for step in range(steps):
+        with open(corpus_dir / f"part-{step:05d}.jsonl", "w") as fh:
+            fh.writelines(json.dumps({"text": f"{r.get('title', '')}. {r['text']}", "n": step * per + i}) + "\n"
+                          for i, r in enumerate(rows[step * per:(step + 1) * per]))
+        index_corpus(corpus_dir, folder, enc, progress=False)
+    with open(beir / "queries.jsonl", encoding="utf-8") as fh:
+        queries = [json.loads(line)["text"] for line in fh]
+    return folder, queries
+
+
+def differences(a, b, path: str = "") -> list[str]:
+    """Where two explanations differ: numbers beyond 1e-5 (relative to their size), anything else unequal."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        if set(a) != set(b):
+            return [f"{path}: keys {sorted(set(a) ^ set(b))}"]
+        return [d for k in a for d in differences(a[k], b[k], f"{path}.{k}")]
+    if isinstance(a, list) and isinstance(b, list):
+        if len(a) != len(b):
+            return [f"{path}: {len(a)} items against {len(b)}"]
+        return [d for i, (x, y) in enumerate(zip(a, b)) for d in differences(x, y, f"{path}[{i}]")]
+    if isinstance(a, float) or isinstance(b, float):
+        ok = a is not None and b is not None and abs(float(a) - float(b)) <= 1e-5 * max(1.0, abs(float(a)))
+        return [] if ok else [f"{path}: {a} against {b}"]
+    return [] if a == b else [f"{path}: {a!r} against {b!r}"]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--chunks", type=int, default=50_000)
@@ -70,6 +113,9 @@ def main() -> None:
     ap.add_argument("--queries", type=int, default=200)
     ap.add_argument("--latency-queries", type=int, default=300)
     ap.add_argument("--work", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "semsearch-bench-serve-ray")
+    ap.add_argument("--beir", type=Path, default=None, help="a BEIR dataset folder: its documents and queries, the real model")
+    ap.add_argument("--docs", type=int, default=1500, help="with --beir: how many of its documents")
+    ap.add_argument("--explain", type=int, default=0, metavar="K", help="also compare explain=true answers of the top K")
     a = ap.parse_args()
 
     import httpx
@@ -83,28 +129,34 @@ def main() -> None:
     from semsearch.service import Service
 
     t = time.perf_counter()
-    folder = build(a.work, a.chunks, a.steps)
-    out: dict = {"chunks": a.chunks, "build_seconds": round(time.perf_counter() - t, 1), "shards": a.shards,
+    if a.beir is not None:
+        folder, beir_queries = build_beir(a.work, a.beir, a.docs, a.steps)
+    else:
+        folder, beir_queries = build(a.work, a.chunks, a.steps), None
+    out: dict = {"build_seconds": round(time.perf_counter() - t, 1), "shards": a.shards,
                  "replicas": a.replicas, "loadavg_start": os.getloadavg()}
     from semsearch.store.manifest import Manifest
 
     m = Manifest.load(folder)
+    a.chunks = out["chunks"] = m.counts["chunks"]
+    encoder_factory = None if a.beir is not None else make_encoder
     out["segments"] = len(m.segments)
     out["index_type"] = m.index.get("type")
 
     one_port, ray_port = free_port(), free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(Service(folder, device="cpu", encoder=make_encoder())),
+    server = uvicorn.Server(uvicorn.Config(create_app(Service(folder, device="cpu", encoder=encoder_factory() if encoder_factory else None)),
                                            host="127.0.0.1", port=one_port, log_level="warning"))
     threading.Thread(target=server.run, daemon=True).start()
     t = time.perf_counter()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": ray_port})
-    serve.run(build_app(folder, a.shards, a.replicas, encoder=make_encoder), name="semsearch", route_prefix="/")
+    serve.run(build_app(folder, a.shards, a.replicas, encoder=encoder_factory), name="semsearch", route_prefix="/")
     out["ray_start_seconds"] = round(time.perf_counter() - t, 1)
     while not server.started:
         time.sleep(0.05)
     one, sharded = f"http://127.0.0.1:{one_port}", f"http://127.0.0.1:{ray_port}"
-    queries = Corpus().query_texts(a.queries + a.latency_queries, seed=5)
+    queries = (beir_queries[: a.queries + a.latency_queries] if beir_queries is not None
+               else Corpus().query_texts(a.queries + a.latency_queries, seed=5))
     half = a.chunks // 2
     wheres = [None, {"n": {"<": half}}, [f"n>={a.chunks // 10}", f"n<{a.chunks - a.chunks // 10}"], "path:part-0000[0-2].jsonl"]
     same = differ = 0
@@ -127,6 +179,24 @@ def main() -> None:
                             differ += 1
         out["compared"] = {"same_top10": same, "differ": differ, "largest_score_gap": worst,
                            "modes": 3, "filter_forms": len(wheres) - 1, "queries": a.queries}
+        if a.explain:
+            per = max(1, 100 // a.explain)  # the server explains at most 100 hits a request
+            agree = disagree = hits = 0
+            first: list[str] = []
+            for mode in ("dense", "lexical", "hybrid"):
+                for at in range(0, a.queries, per):
+                    body = {"queries": queries[at: min(at + per, a.queries)], "k": a.explain, "mode": mode, "explain": True}
+                    ra, rb = c.post(one + "/search", json=body), c.post(sharded + "/search", json=body)
+                    ra.raise_for_status()
+                    rb.raise_for_status()
+                    for x, y in zip(ra.json()["results"], rb.json()["results"]):
+                        for hx, hy in zip(x["hits"], y["hits"]):
+                            hits += 1
+                            d = differences(hx["explanation"], hy["explanation"]) if hx["id"] == hy["id"] else ["id"]
+                            agree += not d
+                            disagree += bool(d)
+                            first += d[:1] if len(first) < 5 else []
+            out["explained"] = {"hits": hits, "equal": agree, "differ": disagree, "first_differences": first, "k": a.explain}
         lat: dict[str, list[float]] = {"one_process": [], "sharded": []}
         lq = queries[a.queries:]
         for r in range(0, len(lq), 50):
