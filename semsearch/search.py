@@ -314,11 +314,13 @@ class _Generation:
 
 
 # ---- the two sides and their fusion, over one generation ----------------------------------------
-def _dense(g: _Generation, qv: np.ndarray, k: int, allowed) -> tuple[np.ndarray, np.ndarray]:
-    """(scores (n, k), ids (n, k)) by cosine, only among the `allowed` selection where given (pre-filter)."""
+def _dense(g: _Generation, qv: np.ndarray, k: int, allowed, exact: bool | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(scores (n, k), ids (n, k)) by cosine, only among the `allowed` selection where given (pre-filter).
+    `exact`: score the allowed chunks exactly rather than through the index's filtered search; None
+    decides by their count (a shard of an index is told what the whole index's count decides)."""
     if allowed is None:
         return g.vectors.search(qv, k)
-    if len(allowed) <= EXACT_BELOW:
+    if exact if exact is not None else len(allowed) <= EXACT_BELOW:
         return _exact(g, qv, k, allowed.ids)
     scores, ids = g.vectors.search_filtered(qv, k, allowed)
     short = (ids >= 0).sum(1) < min(k, len(allowed))  # an approximate index missed some: be exact

@@ -35,7 +35,7 @@ import numpy as np
 from semsearch import filters
 from semsearch import fusion as fusion_
 from semsearch.errors import InputError, SemsearchError
-from semsearch.search import EXACT_BELOW, _exact, _Generation, _pad, encode_queries, hits_from
+from semsearch.search import EXACT_BELOW, _dense, _Generation, encode_queries, hits_from
 
 STALE_RETRIES = 5
 
@@ -81,6 +81,8 @@ class _ShardGeneration:
         self.has_lexical = self.lex is not None or self.empty
 
     def allowed(self, where):
+        """The filter's selection of this shard's chunks (None: no filter); the rounds of one search
+        ask twice, and filters keep recent selections per generation."""
         flt = filters.parse(where)
         return flt.select(self.g.docs) if flt is not None and not self.empty else None
 
@@ -145,7 +147,7 @@ class Shard:
         if allowed is not None and not len(allowed):
             return out
         if qv is not None:
-            out["dense"] = _dense_part(s.g, qv, depth, allowed, exact)
+            out["dense"] = _dense(s.g, qv, depth, allowed, exact)
         if hashes is not None and s.lex is not None:
             mask = allowed.rows(s.lex.ids) if allowed is not None else None
             out["lexical"] = [_under(s.lex, st).top_k(h, depth, mask) for h, st in zip(hashes, stats)]
@@ -217,22 +219,6 @@ class Shard:
 
 def _under(lex, st: dict):
     return lex.under(st["n"], st["total"], st["df"])
-
-
-def _dense_part(g: _Generation, qv: np.ndarray, k: int, allowed, exact: bool) -> tuple[np.ndarray, np.ndarray]:
-    """search._dense on a shard's segments, with the exact-or-filtered choice made on the whole
-    index's count of allowed chunks (`exact`), as one process makes it."""
-    if allowed is None:
-        return g.vectors.search(qv, k)
-    if exact:
-        return _exact(g, qv, k, allowed.ids)
-    scores, ids = g.vectors.search_filtered(qv, k, allowed)
-    short = (ids >= 0).sum(1) < min(k, len(allowed))
-    if short.any():
-        es, ei = _exact(g, qv[short], k, allowed.ids)
-        scores, ids = _pad(scores, k, -np.inf), _pad(ids, k, -1)
-        scores[short], ids[short] = es, ei
-    return scores, ids
 
 
 # ---- the router ----------------------------------------------------------------------------------
