@@ -341,3 +341,47 @@ def test_lone_surrogates_are_tool_errors(tmp_path, small_corpus):
     for r in out:
         assert r.is_error and ("lone surrogate" in r.content[0].text or "Unicode" in r.content[0].text), r.content[0].text
     assert not after.is_error and after.structured_content["hits"]
+
+
+def test_fuzzed_tool_calls_are_answers_or_tool_errors(tmp_path_factory):
+    """Arbitrary JSON arguments (hypothesis) to every tool, writes allowed: each call is a result
+    or a tool error naming the problem, never an internal error; the server answers afterwards."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from semsearch.mcp_server import create_server
+    from semsearch.service import Operations, Service
+
+    root = tmp_path_factory.mktemp("mcpfuzz")
+    corpus = root / "c"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("The bank approved the loan.\nLentil soup with cumin.\n")
+    index_corpus(corpus, root / "idx", FakeEncoder(), progress=False)
+    server = create_server(Operations(Service(root / "idx", device="cpu", encoder=FakeEncoder())), allow_writes=True)
+    scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=30)
+    values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+                          max_leaves=12)
+    names = ["query", "k", "mode", "where", "id", "whole_document", "text", "metadata"]
+    args = st.dictionaries(st.sampled_from(names) | st.text(max_size=6), values, max_size=5)
+    tools = st.sampled_from(["search", "fetch", "info", "upsert_document", "delete_document"])
+
+    @settings(max_examples=int(150 * float(os.environ.get("SEMSEARCH_FUZZ_SCALE", "1"))), deadline=None,
+              suppress_health_check=list(HealthCheck))
+    @given(tools, args)
+    def one(tool, arguments):
+        async def call():
+            async with Client(server) as c:
+                return await c.call_tool(tool, arguments)
+
+        r = asyncio.run(call())
+        if r.is_error:
+            text = r.content[0].text
+            assert text and "internal error" not in text and "Traceback" not in text, (tool, arguments, text)
+
+    one()
+
+    async def after():
+        async with Client(server) as c:
+            return await c.call_tool("search", {"query": "loan", "k": 1})
+
+    assert not asyncio.run(after()).is_error
