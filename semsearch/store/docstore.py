@@ -58,6 +58,12 @@ class ChunkRow:
     text: str
     metadata: dict[str, Any]
     state: tuple[str, int, int] | None = None  # (file, first row, tokens) of kept token states
+    context: str = ""  # what the chunk is also searched by, not shown (its page and section titles)
+
+    @property
+    def lexical_text(self) -> str:
+        """The text BM25 indexes for this chunk: its context, then its text."""
+        return f"{self.context}\n{self.text}" if self.context else self.text
 
 
 @dataclass
@@ -177,7 +183,7 @@ class DocStore:
                 (r.file_id, r.row, r.ord, r.start, r.end, r.line, r.text,
                  json.dumps(r.metadata, ensure_ascii=False) if r.metadata else None,
                  np.ascontiguousarray(v, np.float32).tobytes(), *(r.state or (None, None, None)),
-                 *lexical.encode_terms(r.text)),
+                 *lexical.encode_terms(r.lexical_text)),
             )
             ids[i] = cur.lastrowid
         return ids

@@ -50,7 +50,7 @@ def write_segment(folder: Path, seg_id: int, dim: int, files: list[dict[str, Any
                        " state_off, state_len, lex, lex_len) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                        (int(cid), int(file_id), r.row, r.ord, r.start, r.end, r.line, r.text,
                         json.dumps(r.metadata, ensure_ascii=False) if r.metadata else None,
-                        np.ascontiguousarray(v, np.float32).tobytes(), *ref, *lexical.encode_terms(r.text)))
+                        np.ascontiguousarray(v, np.float32).tobytes(), *ref, *lexical.encode_terms(r.lexical_text)))
             ids.append(int(cid))
             vecs.append(np.asarray(v, np.float32))
         if ids:
