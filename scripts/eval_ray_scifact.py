@@ -24,12 +24,14 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def chunks(folder: Path):
+    from semsearch.store.folder import open_index
     from semsearch.store.manifest import Manifest
     from semsearch.store.segments import read_rows
 
-    got = list(read_rows(folder, Manifest.load(folder), "f.path, c.row, c.ord, c.start, c.end, c.text, c.vector"))  # every segment
-    rows = [r[:-1] for r in got]
-    vecs = np.stack([np.frombuffer(r[-1], np.float32) for r in got])
+    rows = list(read_rows(folder, Manifest.load(folder), "f.path, c.row, c.ord, c.start, c.end, c.text"))  # every segment
+    docs = open_index(folder)[2]
+    ids, vecs = docs.get_vectors([r[0] for r in rows])
+    docs.close()
     return rows, vecs
 
 

@@ -217,7 +217,7 @@ def finalize_vectors(writer: IndexWriter, dim: int, vs: VectorSettings, base: Ma
         from semsearch.store.vectors import choose_type
 
         choose_type(requested, 0, dim)  # an unknown type is refused before anything is built
-    writer.vectors, entry = build_vectors(writer.docs.new, dim, requested, n, vs.target_recall, writer.vectors.params,
+    writer.vectors, entry = build_vectors(writer.new_vecs, dim, requested, n, vs.target_recall, writer.vectors.params,
                                           vs.k, vs.sample, vs.tune_queries, vs.device, vs.max_bytes_per_vector,
                                           current=writer.vectors)
     # A type the user forced stays forced through later writes that ask for nothing (upserts).
@@ -299,7 +299,7 @@ def index_corpus(
         from semsearch.store.merge import build_vectors
 
         req = vs.index_type if vs.index_type != "auto" else (base.index["type"] if base is not None and base.index.get("forced") else "auto")
-        w.vectors, entry = build_vectors(w.docs.new, encoder.out_dim, "flat", w.docs.new.counts()["chunks"], vs.target_recall,
+        w.vectors, entry = build_vectors(w.new_vecs, encoder.out_dim, "flat", w.docs.new.counts()["chunks"], vs.target_recall,
                                          current=w.vectors)
         entry["forced"] = req != "auto"
         if entry["forced"]:

@@ -109,3 +109,23 @@ def running(app):
     finally:
         server.should_exit = True
         t.join(10)
+
+
+def vectors_into_docstore(folder, seg: dict) -> None:
+    """Make a segment entry (edited in place) and its files what formats before 4 wrote: its
+    vectors in its docstore's `vector` column, no vector file."""
+    import sqlite3
+
+    from semsearch.store import integrity, vecfile
+
+    vf = vecfile.VectorFile(Path(folder) / seg.pop("vecs"))
+    rows = [(v.tobytes(), int(i)) for i, v in zip(vf.ids, vf.matrix)]
+    del vf
+    db = sqlite3.connect(Path(folder) / seg["docs"])
+    db.executemany("UPDATE chunks SET vector = ? WHERE id = ?", rows)
+    db.commit()
+    db.close()
+    (Path(folder) / f"vectors.{seg['id']}.vec").unlink()
+    files = seg["integrity"]["files"]
+    files.pop(f"vectors.{seg['id']}.vec")
+    files[seg["docs"]] = integrity.file_record(Path(folder) / seg["docs"])

@@ -24,9 +24,10 @@ def dump(folder: Path) -> tuple[list[tuple], np.ndarray, list[tuple]]:
     from semsearch.store.segments import read_rows
 
     m = Manifest.load(folder)
-    rows = list(read_rows(folder, m, "f.path, c.row, c.ord, c.start, c.end, c.line, c.text, c.metadata, length(c.vector)"))
-    vecs = np.stack([np.frombuffer(v, np.float32) for _, v in read_rows(folder, m, "c.vector")])
+    rows = list(read_rows(folder, m, "f.path, c.row, c.ord, c.start, c.end, c.line, c.text, c.metadata"))
     docs = open_index(folder)[2]
+    ids, vecs = docs.get_vectors([r[0] for r in rows])
+    assert ids.tolist() == [r[0] for r in rows]
     files = sorted((f.id, f.path, f.hash, f.size, f.documents) for f in docs.files().values())
     docs.close()
     return rows, vecs, files

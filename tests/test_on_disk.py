@@ -1,11 +1,13 @@
-"""The index on disk, not in memory (format 3): an IVF fast-scan segment keeps 4-bit codes in its
-faiss file and its full vectors in `vectors.<s>.vec`, memory-mapped for exact re-ranking; every
-segment's BM25 postings are in `lexical.<s>.bin`, memory-mapped. Opening reads neither whole.
-Format 2 indexes (vectors inside faiss, postings in SQLite) still open and answer."""
+"""The index on disk, not in memory (format 4): every segment's full vectors are stored once, in
+`vectors.<s>.vec` (memory-mapped; an IVF fast-scan segment's faiss file holds only 4-bit codes
+and re-ranks exactly from the map), not in the docstore; every segment's BM25 postings are in
+`lexical.<s>.bin`, memory-mapped. Opening reads neither whole. Format 2 indexes (vectors inside
+faiss, postings in SQLite) and format 3 ones (vectors in the docstore) still open and answer."""
 from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -19,7 +21,7 @@ from semsearch.search import Retriever
 from semsearch.store import FORMAT_VERSION, vecfile
 from semsearch.store.vectors import VectorIndex
 
-from conftest import REPO, FakeEncoder
+from conftest import REPO, FakeEncoder, vectors_into_docstore
 
 WORDS = [f"w{i}" for i in range(300)]
 
@@ -38,7 +40,7 @@ def fastscan(tmp_path_factory):
 
 def test_a_fastscan_segment_keeps_codes_in_faiss_and_vectors_in_a_mapped_file(fastscan):
     m = json.loads((fastscan / "manifest.json").read_text())
-    assert m["format_version"] == FORMAT_VERSION == 3
+    assert m["format_version"] == FORMAT_VERSION == 4
     [seg] = m["segments"]
     assert seg["index"]["type"] == "ivf-fastscan" and seg["index"]["params"]["refine"] == "file"
     assert seg["vecs"] == f"vectors.{seg['id']}.vec" and seg["postings"] == f"lexical.{seg['id']}.bin"
@@ -51,6 +53,66 @@ def test_a_fastscan_segment_keeps_codes_in_faiss_and_vectors_in_a_mapped_file(fa
     ids, vecs = r.docs.get_vectors(vf.ids[:50])
     assert np.array_equal(ids, vf.ids[:50]) and np.array_equal(vecs, vf.matrix[:50])
     assert np.array_equal(r.vectors.reconstruct(vf.ids[[3, 7]]), vf.matrix[[3, 7]])
+    # one stored copy: the docstore's vector column is empty
+    db = sqlite3.connect(fastscan / seg["docs"])
+    assert db.execute("SELECT COUNT(*) FROM chunks WHERE vector IS NOT NULL").fetchone()[0] == 0
+    assert db.execute("SELECT COUNT(*) FROM chunks").fetchone()[0] == n
+    db.close()
+
+
+def _as_format_3(folder):
+    """Turn a format-4 index of flat segments into what format 3 wrote: each segment's vectors in
+    its docstore's `vector` column, no vector file."""
+    m = json.loads((folder / "manifest.json").read_text())
+    for seg in m["segments"]:
+        vectors_into_docstore(folder, seg)
+    m["format_version"] = 3
+    (folder / "manifest.json").write_text(json.dumps(m))
+
+
+def test_a_format_3_index_answers_and_its_next_writes_store_vectors_once(tmp_path):
+    from semsearch.documents import Document, upsert_documents
+    from semsearch.store.folder import compact
+
+    rng = np.random.default_rng(3)
+    (tmp_path / "c").mkdir()
+    for f in range(3):
+        (tmp_path / "c" / f"f{f}.jsonl").write_text(
+            "\n".join(json.dumps({"text": " ".join(rng.choice(WORDS, 10))}) for _ in range(40)))
+    idx = tmp_path / "idx"
+    index_corpus(tmp_path / "c", idx, FakeEncoder(), progress=False)
+    queries = [" ".join(rng.choice(WORDS, 3)) for _ in range(5)]
+
+    def answers():
+        r = Retriever.load(idx, encoder=FakeEncoder())
+        return [[(h.id, round(h.score, 5)) for h in r.search(q, k=8, mode=mode)] for q in queries for mode in ("dense", "hybrid")]
+
+    want = answers()
+    _as_format_3(idx)
+    assert json.loads((idx / "manifest.json").read_text())["format_version"] == 3
+    assert answers() == want  # vectors read from the docstore
+    r = Retriever.load(idx, encoder=FakeEncoder())
+    some = [h.id for h in r.search(queries[0], k=3, mode="dense")]
+    ids, vecs = r.docs.get_vectors(some)
+    assert sorted(some) == ids.tolist() and vecs.shape == (3, FakeEncoder().dim)
+    upsert_documents(idx, [Document("extra", "w1 w2 w3 w4", {})], FakeEncoder())
+    m = json.loads((idx / "manifest.json").read_text())
+    assert m["format_version"] == 4 and sum("vecs" in s for s in m["segments"]) == 1  # only the new segment
+    extra = next(s["min_id"] for s in m["segments"] if "vecs" in s)
+    compact(idx)
+    m = json.loads((idx / "manifest.json").read_text())
+    [seg] = m["segments"]
+    assert seg["vecs"] == f"vectors.{seg['id']}.vec"
+    db = sqlite3.connect(idx / seg["docs"])
+    assert db.execute("SELECT COUNT(*) FROM chunks WHERE vector IS NOT NULL").fetchone()[0] == 0
+    db.close()
+    # dense answers are the same chunks and scores, the new chunk aside (hybrid's BM25 statistics moved)
+    got = answers()
+    for a, b in zip(got[::2], want[::2]):
+        a = [x for x in a if x[0] != extra]
+        assert a == b[: len(a)] and len(a) >= 7
+    r = Retriever.load(idx, encoder=FakeEncoder())
+    assert r.search("w1 w2 w3 w4", k=1, mode="lexical")[0].text == "w1 w2 w3 w4"
 
 
 def test_dense_search_re_ranks_exactly_from_the_file(fastscan):

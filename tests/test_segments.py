@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import REPO
+from conftest import REPO, vectors_into_docstore
 from semsearch.documents import Document, create_index, delete_documents, upsert_documents
 from semsearch.indexing import index_corpus
 from semsearch.search import Retriever
@@ -193,6 +193,7 @@ def test_format_1_index_opens_as_one_segment(tmp_path, fake_encoder, small_corpu
     raw.pop("next_ids")
     # format 1 had no posting files: its lexical side is read from the docstore's chunk rows
     seg["integrity"]["files"].pop(seg.pop("postings"))
+    vectors_into_docstore(folder, seg)  # nor vector files
     raw.update(format_version=1, files={"docs": seg["docs"], "vectors": seg["vectors"]}, integrity=seg["integrity"])
     (folder / "manifest.json").write_text(json.dumps(raw))
     r = Retriever.load(folder, encoder=fake_encoder)

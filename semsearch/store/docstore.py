@@ -1,4 +1,5 @@
-"""The SQLite docstore: source files, their chunks, texts, offsets, metadata and vectors."""
+"""The SQLite docstore: source files, their chunks, texts, offsets, metadata and lexical terms
+(and, in segments written before format 4, their vectors)."""
 from __future__ import annotations
 
 import json
@@ -36,7 +37,7 @@ CREATE TABLE IF NOT EXISTS chunks (
     line INTEGER,                   -- 1-based line of `start` for whole-file documents
     text TEXT NOT NULL,
     metadata TEXT,                  -- JSON object
-    vector BLOB NOT NULL,           -- float32 (dim,), so any index type can be rebuilt
+    vector BLOB,                    -- before format 4: float32 (dim,); since, NULL (vectors.<s>.vec holds them)
     state_file TEXT,                -- with --keep-states: token states in states/<file>, fp16 (state_len, D)
     state_off INTEGER,              -- first token's row in that file
     state_len INTEGER,
@@ -173,17 +174,17 @@ class DocStore:
         return ids
 
     # ---- chunks --------------------------------------------------------------------------
-    def add_chunks(self, rows: list[ChunkRow], vectors: np.ndarray) -> np.ndarray:
-        """Insert chunks with their vectors; gives back their new ids (n,)."""
+    def add_chunks(self, rows: list[ChunkRow]) -> np.ndarray:
+        """Insert chunks; gives back their new ids (n,). Their vectors go to the segment's vector
+        file (store/vecfile.py), not here: one stored copy."""
         ids = np.empty(len(rows), np.int64)
-        for i, (r, v) in enumerate(zip(rows, vectors)):
+        for i, r in enumerate(rows):
             cur = self.db.execute(
-                "INSERT INTO chunks (file_id, row, ord, start, end, line, text, metadata, vector,"
-                " state_file, state_off, state_len, lex, lex_len) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO chunks (file_id, row, ord, start, end, line, text, metadata,"
+                " state_file, state_off, state_len, lex, lex_len) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (r.file_id, r.row, r.ord, r.start, r.end, r.line, r.text,
                  json.dumps(r.metadata, ensure_ascii=False) if r.metadata else None,
-                 np.ascontiguousarray(v, np.float32).tobytes(), *(r.state or (None, None, None)),
-                 *lexical.encode_terms(r.lexical_text)),
+                 *(r.state or (None, None, None)), *lexical.encode_terms(r.lexical_text)),
             )
             ids[i] = cur.lastrowid
         return ids
@@ -213,7 +214,8 @@ class DocStore:
         return out
 
     def get_vectors(self, ids: Iterable[int]) -> tuple[np.ndarray, np.ndarray]:
-        """(ids (n,), vectors (n, d)) of the given chunk ids that exist, in id order."""
+        """(ids (n,), vectors (n, d)) of the given chunk ids that exist, in id order (a segment
+        written before format 4; see store/segments.py Segment.vectors_of)."""
         ids = sorted({int(i) for i in ids})
         found_ids: list[int] = []
         blobs: list[bytes] = []
@@ -246,7 +248,7 @@ class DocStore:
         return len(p)
 
     def iter_vectors(self, batch: int = 8192) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """(ids (n,), vectors (n, d)) in batches, for rebuilding a vector index."""
+        """(ids (n,), vectors (n, d)) in batches (a segment written before format 4)."""
         cur = self.db.execute("SELECT id, vector FROM chunks ORDER BY id")
         while rows := cur.fetchmany(batch):
             ids = np.array([r[0] for r in rows], np.int64)
@@ -260,10 +262,6 @@ class DocStore:
         cur = self.db.execute("SELECT id, state_file, state_off, state_len FROM chunks ORDER BY id")
         while rows := cur.fetchmany(batch):
             yield rows
-
-    def set_vectors(self, ids: np.ndarray, vectors: np.ndarray) -> None:
-        self.db.executemany("UPDATE chunks SET vector = ? WHERE id = ?",
-                            [(np.ascontiguousarray(v, np.float32).tobytes(), int(i)) for i, v in zip(ids, vectors)])
 
     def state_files(self) -> set[str]:
         return {r[0] for r in self.db.execute("SELECT DISTINCT state_file FROM chunks WHERE state_file IS NOT NULL")}

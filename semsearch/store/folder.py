@@ -18,13 +18,14 @@ import numpy as np
 from pathlib import Path
 
 from semsearch.errors import IndexFormatError, IndexLocked
-from semsearch.store import integrity, lexical
+from semsearch.store import integrity, lexical, vecfile
 from semsearch.store.files import DATA_FILE, DB_ERRORS, damaged, fsync_dir, fsync_file, manifest_stamp
 from semsearch.store.docstore import DocStore, StoredFile
 from semsearch.store.kept import StatesFile, files_of
 from semsearch.store.manifest import FORMAT_VERSION, MANIFEST, Manifest
 from semsearch.store.segments import (SegmentedDocs, SegmentedVectors, Tombstones, live_counts, live_files, open_parts,
                                       segment_entry, select_sql)
+from semsearch.store.vecfile import MemoryVectors
 from semsearch.store.vectors import VectorIndex
 
 DEFAULT_INDEX = "indexes/default"
@@ -163,7 +164,9 @@ class WriteStore:
         """Delete a file and its chunks; gives back the removed chunk ids."""
         b = self._owner(file_id)
         if b is None:
-            return self.new.remove_file(file_id)
+            ids = self.new.remove_file(file_id)
+            self.w.new_vecs.remove(ids)
+            return ids
         ids = np.array([r[0] for r in b.docs.db.execute("SELECT id FROM chunks WHERE file_id = ?", (int(file_id),))], np.int64)
         docs = b.docs.db.execute("SELECT documents FROM files WHERE id = ?", (int(file_id),)).fetchone()[0]
         b._dead = b.dead.with_deleted(ids, int(file_id))
@@ -173,7 +176,13 @@ class WriteStore:
         return ids
 
     def add_chunks(self, rows, vectors) -> np.ndarray:
-        return self.new.add_chunks(rows, vectors)
+        """Add chunks to the new segment (their vectors go to its vector file at commit)."""
+        vectors = np.asarray(vectors, np.float32)
+        if len(rows) != len(vectors):
+            raise ValueError(f"{len(rows)} chunks with {len(vectors)} vectors")
+        ids = self.new.add_chunks(rows)
+        self.w.new_vecs.add(ids, vectors)
+        return ids
 
     def counts(self) -> dict[str, int]:
         base = live_counts([b.entry for b in self._live_base()])
@@ -191,17 +200,22 @@ class WriteStore:
         yield from self.new.db.execute(sql, params)
 
     # the new segment's own rows (vector index builds, re-pooling)
+    @property
+    def new_vectors(self) -> MemoryVectors:
+        """The new segment's vectors (written to its vector file at commit)."""
+        return self.w.new_vecs
+
     def iter_vectors(self, batch: int = 8192):
-        return self.new.iter_vectors(batch)
+        return self.w.new_vecs.iter(batch)
 
     def iter_states_refs(self, batch: int = 4096):
         return self.new.iter_states_refs(batch)
 
     def set_vectors(self, ids, vectors) -> None:
-        self.new.set_vectors(ids, vectors)
+        self.w.new_vecs.set(ids, vectors)
 
     def get_vectors(self, ids):
-        return self.new.get_vectors(ids)
+        return self.w.new_vecs.found(ids)
 
 
 _WRITER_LOCKS: dict[str, threading.Lock] = {}
@@ -257,6 +271,7 @@ class IndexWriter:
             self._release()
             raise
         self.docs = WriteStore(self)
+        self.new_vecs = MemoryVectors(dim)  # the new segment's vectors: its vector file at commit
         self.vectors = VectorIndex.create(dim, kind)
         self.index_entry: dict | None = None  # the new segment's vector index entry (finalize_vectors)
         self.states_file = f"{self.gen}.f16"
@@ -321,18 +336,19 @@ class IndexWriter:
     def absorb(self) -> None:
         """Copy every live chunk and file of the published segments into the new segment (same
         ids) and drop those segments: for a write that changes every vector (re-pooling)."""
-        from semsearch.store.merge import copy_live
+        from semsearch.store.merge import copy_live, live_vectors
 
         if self.new_docs.counts()["chunks"] or self.new_docs.counts()["files"]:
             raise RuntimeError("absorb() must come before any new chunk")
-        for b in self.base_segments:
-            if not b.dropped:
-                copy_live(self.new_docs.db, self.folder / b.entry["docs"], b.dead)
-                b.dropped = True
-        ids, vecs = zip(*self.new_docs.iter_vectors()) if self.new_docs.counts()["chunks"] else ((), ())
+
+        moved = [b for b in self.base_segments if not b.dropped]
+        for b in moved:
+            copy_live(self.new_docs.db, self.folder / b.entry["docs"], b.dead)
+            b.dropped = True
         self.vectors = VectorIndex.create(self.dim, "flat")
-        for i, v in zip(ids, vecs):
-            self.vectors.add(i, v)
+        for ids, vecs in live_vectors(self.folder, [b.entry for b in moved])[1]:
+            self.new_vecs.add(ids, vecs)
+            self.vectors.add(ids, vecs)
 
     def commit(self, manifest: Manifest, merge: str = "auto", rolled: bool = False) -> None:
         """Publish: the new segment, changed tombstones, merges ('auto': as the merge policy asks;
@@ -370,8 +386,11 @@ class IndexWriter:
         seg_index = dict(manifest.index or {"type": "flat"})
         tail: list[dict] = list(self.extra)
         if new_counts["chunks"] or new_counts["files"]:
+            if len(self.new_vecs) != new_counts["chunks"]:
+                raise RuntimeError(f"the new segment holds {new_counts['chunks']} chunks but {len(self.new_vecs)} vectors")
             self.new_docs.write_lexical()
             self.new_docs.commit()
+            vecfile.write(self.folder / vecfile.file_name(self.seg_id), *self.new_vecs.arrays())
             self.vectors.save(self.folder / self.vectors_file)
             for name in (self.docs_file, self.vectors_file):
                 fsync_file(self.folder / name)

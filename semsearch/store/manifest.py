@@ -16,11 +16,14 @@ from typing import Any
 from semsearch.errors import IndexFormatError
 from semsearch.store.files import DATA_FILE, damaged, fsync_dir, remedy
 
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 # Format 1 opens as one segment. Format 2 opens as it is: its fast-scan segments hold their full
-# vectors inside the faiss file (RFlat); segments written since have them in `vectors.<s>.vec`
-# (format 3), and the next write publishes format 3. `semsearch compact` rewrites every segment.
-READABLE = (1, 2, 3)
+# vectors inside the faiss file (RFlat). Format 3 gave fast-scan segments `vectors.<s>.vec`; since
+# format 4 every segment has one, and it is the only full copy of its vectors (the docstore's
+# column stays empty). Segments of older formats open as they are (their docstores still hold
+# their vectors, and are read from there), the next write publishes format 4, and
+# `semsearch compact` rewrites every segment.
+READABLE = (1, 2, 3, 4)
 MANIFEST = "manifest.json"
 
 

@@ -9,9 +9,11 @@ A segment whose deleted chunks pass DELETED_SHARE is rewritten without them; a s
 live chunk is dropped; past MAX_SEGMENTS the two smallest neighbours are merged. Only adjacent
 segments are merged, so segments keep disjoint, increasing id ranges.
 
-A merge copies the live rows (texts, metadata, vectors, lexical terms, kept-state references;
-ids unchanged) through SQLite, builds the merged segment's vector index from the stored vectors
-(no re-encoding), and is published with the write that asked for it, in one manifest rename.
+A merge copies the live rows (texts, metadata, lexical terms, kept-state references; ids
+unchanged) through SQLite, streams the live rows of the segments' vector files into the merged
+segment's vector file, builds its vector index from that file (no re-encoding; memory holds the
+index, a training sample and one batch), and is published with the write that asked for it, in
+one manifest rename.
 """
 from __future__ import annotations
 
@@ -20,13 +22,15 @@ import math
 import sqlite3
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
+from semsearch.store import vecfile
 from semsearch.store.docstore import DocStore
 from semsearch.store.files import fsync_file
 from semsearch.store.segments import Tombstones, segment_entry
+from semsearch.store.vecfile import VectorFile
 from semsearch.store.vectors import IVF_TYPES, VectorIndex, bytes_per_vector, choose_type, exact_knn, resolve_index_device, tune
 
 log = logging.getLogger(__name__)
@@ -38,7 +42,7 @@ MAX_SEGMENTS = 32
 MIN_APPROX = 50  # segments smaller than this are flat (searched exactly) whatever index type was forced
 
 FILE_COLS = "id, path, hash, size, mtime_ns, documents, indexed_at, ctime_ns, inode"
-CHUNK_COLS = "id, file_id, row, ord, start, end, line, text, metadata, vector, state_file, state_off, state_len, lex, lex_len"
+CHUNK_COLS = "id, file_id, row, ord, start, end, line, text, metadata, state_file, state_off, state_len, lex, lex_len"
 
 
 def level(live: int) -> int:
@@ -145,10 +149,11 @@ def merge(folder: Path, group: list[dict], seg_id: int, dim: int, manifest) -> d
         counts = store.counts()
         if any("states" not in e for e in group):
             states = store.state_files()
+        vecs = merge_vectors(folder, group, vecfile.file_name(seg_id), dim)
         index = (manifest.index or {})
         requested = index.get("requested", index.get("type", "auto")) if index.get("forced") else "auto"
         target = (index.get("recall") or {}).get("target", 0.95)
-        vi, entry = build_vectors(store, dim, requested, counts["chunks"], target, params=index.get("params"))
+        vi, entry = build_vectors(vecs, dim, requested, counts["chunks"], target, params=index.get("params"))
         store.write_lexical()
         store.commit()
         vi.save(folder / vectors_file)
@@ -157,6 +162,48 @@ def merge(folder: Path, group: list[dict], seg_id: int, dim: int, manifest) -> d
         return segment_entry(folder, seg_id, store, vi, entry, sorted(states))
     finally:
         store.close()
+
+
+def merge_vectors(folder: Path, group: list[dict], name: str, dim: int) -> VectorFile:
+    """Write the live vectors of the group's segments, in id order, to the vector file `name`
+    (streamed: one batch in memory) and open it."""
+    ids, batches = live_vectors(folder, group)
+    vecfile.write_batches(folder / name, ids, dim, (v for _, v in batches))
+    return VectorFile(folder / name)
+
+
+def live_vectors(folder: Path, group: list[dict]) -> tuple[np.ndarray, Iterator[tuple[np.ndarray, np.ndarray]]]:
+    """(the live chunk ids of the group's segments in order, an iterator of (ids, vectors) batches
+    of them): from each segment's vector file, or its docstore where it was written before
+    format 4."""
+    sources = []
+    for e in group:
+        dead = Tombstones.load(folder / e["deletes"]) if e.get("deletes") else Tombstones()
+        keep = (lambda ids, d=dead.chunks: ~np.isin(ids, d)) if len(dead.chunks) else None
+        if e.get("vecs"):
+            vf = VectorFile(folder / e["vecs"])
+            ids = vf.ids if keep is None else vf.ids[keep(vf.ids)]
+            sources.append((ids, lambda vf=vf, keep=keep: vf.iter(65536, keep)))
+        else:
+            docs = DocStore(folder / e["docs"], readonly=True)
+            try:
+                ids = np.array([r[0] for r in docs.db.execute("SELECT id FROM chunks ORDER BY id")], np.int64)
+            finally:
+                docs.close()
+            ids = ids if keep is None else ids[keep(ids)]
+            sources.append((ids, lambda e=e, keep=keep: _docstore_vectors(folder / e["docs"], keep)))
+    ids = np.concatenate([i for i, _ in sources]) if sources else np.zeros(0, np.int64)
+    return ids, (b for _, batches in sources for b in batches())
+
+
+def _docstore_vectors(path: Path, keep):
+    docs = DocStore(path, readonly=True)
+    try:
+        for ids, vecs in docs.iter_vectors(65536):
+            m = keep(ids) if keep is not None else None
+            yield (ids, vecs) if m is None else (ids[m], vecs[m])
+    finally:
+        docs.close()
 
 
 def segment_type(requested: str, n: int, dim: int, max_bytes_per_vector: int | None = None) -> str:
@@ -168,20 +215,22 @@ def segment_type(requested: str, n: int, dim: int, max_bytes_per_vector: int | N
     return choose_type(requested, n, dim, max_bytes_per_vector)
 
 
-def build_vectors(docs: DocStore, dim: int, requested: str, n: int, target: float, params: dict | None = None,
+def build_vectors(vecs, dim: int, requested: str, n: int, target: float, params: dict | None = None,
                   k: int = 10, sample: int = 500, tune_queries: np.ndarray | None = None, device: str = "cpu",
                   max_bytes_per_vector: int | None = None, current: VectorIndex | None = None,
                   trained_on: int = 0) -> tuple[VectorIndex, dict[str, Any]]:
-    """The vector index of a segment's docstore (n chunks) and its manifest entry: the type for
-    its size; `current` (the index filled while writing) is kept where it is that type and needs
-    no retraining; the search knob is tuned to recall `target` at k."""
+    """The vector index of a segment's vectors `vecs` (n of them: its vector file, or the rows a
+    writer holds; store/vecfile.py) and its manifest entry: the type for its size; `current`
+    (the index filled while writing) is kept where it is that type and needs no retraining; the
+    search knob is tuned to recall `target` at k. Reads the vectors in batches: memory holds the
+    index, the training sample and one batch."""
     t0 = time.perf_counter()
     kind = segment_type(requested, n, dim, max_bytes_per_vector)
     vi = current
     rebuild = vi is None or vi.kind != kind or vi.dirty or (kind in IVF_TYPES and n > 4 * max(trained_on, 1))
     if rebuild:
         keep = {k_: v for k_, v in (params or {}).items() if k_ in ("M", "efConstruction", "k_factor")} if vi is None or vi.kind == kind else {}
-        vi = VectorIndex.build(dim, kind, docs.iter_vectors(), n, keep, device=resolve_index_device(device))
+        vi = VectorIndex.build(dim, kind, vecs, n, keep, device=resolve_index_device(device))
         trained_on = n
     entry: dict[str, Any] = {"type": kind, "params": vi.params, "trained_on": trained_on,
                              "bytes_per_vector": bytes_per_vector(kind, dim), "built_on": vi.built_on}
@@ -190,11 +239,9 @@ def build_vectors(docs: DocStore, dim: int, requested: str, n: int, target: floa
         if tune_queries is not None and len(tune_queries):
             queries, self_ids = np.ascontiguousarray(tune_queries, np.float32), None
         else:  # held-out corpus vectors: each query's own vector is excluded from both lists
-            ids, vecs = zip(*docs.iter_vectors())
-            all_ids, all_vecs = np.concatenate(ids), np.concatenate(vecs)
-            pick = rng.choice(n, min(sample, n), replace=False)
-            queries, self_ids = all_vecs[pick], all_ids[pick]
-        exact = exact_knn(queries, docs.iter_vectors(), k, self_ids)
+            pick = np.sort(rng.choice(len(vecs), min(sample, len(vecs)), replace=False))
+            queries, self_ids = np.asarray(vecs.matrix[pick], np.float32), vecs.ids[pick].copy()
+        exact = exact_knn(queries, vecs.iter(65536), k, self_ids)
         entry["recall"] = tune(vi, queries, exact, k, target, self_ids)
         entry["params"] = vi.params
     entry["build_seconds"] = round(time.perf_counter() - t0, 2)

@@ -13,11 +13,12 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from semsearch.store import lexical
+from semsearch.store import lexical, vecfile
 from semsearch.store.docstore import DocStore
 from semsearch.store.files import fsync_file
 from semsearch.store.kept import StatesFile
 from semsearch.store.segments import segment_entry
+from semsearch.store.vecfile import VectorFile
 from semsearch.store.vectors import VectorIndex
 
 
@@ -46,16 +47,21 @@ def write_segment(folder: Path, seg_id: int, dim: int, files: list[dict[str, Any
             ref = (None, None, None)
             if st is not None:  # token states, or (token states, token table)
                 ref = kept.append(*st) if isinstance(st, tuple) else kept.append(st)
-            db.execute("INSERT INTO chunks (id, file_id, row, ord, start, end, line, text, metadata, vector, state_file,"
-                       " state_off, state_len, lex, lex_len) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            db.execute("INSERT INTO chunks (id, file_id, row, ord, start, end, line, text, metadata, state_file,"
+                       " state_off, state_len, lex, lex_len) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                        (int(cid), int(file_id), r.row, r.ord, r.start, r.end, r.line, r.text,
                         json.dumps(r.metadata, ensure_ascii=False) if r.metadata else None,
-                        np.ascontiguousarray(v, np.float32).tobytes(), *ref, *lexical.encode_terms(r.lexical_text)))
+                        *ref, *lexical.encode_terms(r.lexical_text)))
             ids.append(int(cid))
             vecs.append(np.asarray(v, np.float32))
-        if ids:
-            vi.add(np.array(ids, np.int64), np.stack(vecs))
-        vi, index = build_vectors(store, dim, requested, store.counts()["chunks"], target_recall, params=params, current=vi)
+        held = np.array(ids, np.int64)
+        matrix = np.stack(vecs) if vecs else np.zeros((0, dim), np.float32)
+        vi.add(held, matrix)
+        order = np.argsort(held, kind="stable")
+        vecfile.write(folder / vecfile.file_name(seg_id), held[order], matrix[order])
+        del vecs, matrix
+        vf = VectorFile(folder / vecfile.file_name(seg_id))
+        vi, index = build_vectors(vf, dim, requested, store.counts()["chunks"], target_recall, params=params, current=vi)
         store.write_lexical()
         store.commit()
         kept.finish()

@@ -24,10 +24,11 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 
 from semsearch.errors import IndexFormatError
-from semsearch.store import integrity, lexical
+from semsearch.store import integrity, lexical, vecfile
 from semsearch.store.docstore import DocStore, StoredFile
 from semsearch.store.files import DB_ERRORS, Memo, damaged
 from semsearch.store.lexical import LexicalIndex, Postings
+from semsearch.store.vecfile import VectorFile
 from semsearch.store.vectors import MatrixIndex, VectorIndex
 
 DEL_SMALL = 256  # up to this many deletions, a segment is searched for k + deleted and filtered after
@@ -151,8 +152,8 @@ def segment_entry(folder: Path, seg_id: int, store: DocStore, vectors, index: di
     lo, hi = store.db.execute("SELECT MIN(id), MAX(id) FROM chunks").fetchone()
     docs_file, vectors_file = f"docs.{seg_id}.sqlite", f"vectors.{seg_id}.faiss"
     names = [docs_file, vectors_file]
-    if getattr(vectors, "refine", None) is not None:  # full vectors beside the codes (store/vecfile.py)
-        extra = {**extra, "vecs": f"vectors.{seg_id}.vec"}
+    if (Path(folder) / vecfile.file_name(seg_id)).exists():  # its vectors (store/vecfile.py)
+        extra = {**extra, "vecs": vecfile.file_name(seg_id)}
         names.append(extra["vecs"])
     if (Path(folder) / lexical.file_name(docs_file)).exists():  # its posting file (store/lexical.py)
         extra = {**extra, "postings": lexical.file_name(docs_file)}
@@ -177,14 +178,21 @@ class Segment:
             self.docs = DocStore(self.folder / entry["docs"], readonly=True)
         except DB_ERRORS as e:
             raise damaged(self.folder, entry["docs"], f"damaged ({e})") from e
+        self.vecs: VectorFile | None = None  # the segment's vectors (format 4; fast-scan ones of format 3)
         try:
+            if entry.get("vecs"):
+                self.vecs = VectorFile(self.folder / entry["vecs"])
             if light and kind == "flat" and device != "cuda" and entry.get("rows", LIGHT_ROWS + 1) <= LIGHT_ROWS:
-                got = list(self.docs.iter_vectors())
-                self.vectors = MatrixIndex(np.concatenate([i for i, _ in got]) if got else np.zeros(0, np.int64),
-                                           np.concatenate([v for _, v in got]) if got else np.zeros((0, int(entry.get("dim", 0) or 0)), np.float32))
+                if self.vecs is not None:
+                    self.vectors = MatrixIndex(self.vecs.ids, self.vecs.matrix)
+                else:
+                    got = list(self.docs.iter_vectors())
+                    self.vectors = MatrixIndex(np.concatenate([i for i, _ in got]) if got else np.zeros(0, np.int64),
+                                               np.concatenate([v for _, v in got]) if got else np.zeros((0, int(entry.get("dim", 0) or 0)), np.float32))
             else:
-                self.vectors = VectorIndex.load(self.folder / entry["vectors"], kind, entry.get("index", {}).get("params"), device)
-        except (RuntimeError, MemoryError, AttributeError, TypeError, ValueError) as e:
+                self.vectors = VectorIndex.load(self.folder / entry["vectors"], kind, entry.get("index", {}).get("params"), device,
+                                                refine=self.vecs)
+        except (RuntimeError, MemoryError, AttributeError, TypeError, ValueError, OSError) as e:
             self.docs.close()
             raise damaged(self.folder, entry["vectors"], f"damaged ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from e
         except BaseException:
@@ -243,6 +251,25 @@ class Segment:
 
     def memo(self, key: Any, build):
         return self.docs.memo(key, build)
+
+    def vectors_of(self, ids) -> tuple[np.ndarray, np.ndarray]:
+        """(the given ids the segment holds, sorted; their stored vectors): from its vector file,
+        or its docstore where it was written before format 4."""
+        if self.vecs is not None:
+            return self.vecs.found(ids)
+        return self.docs.get_vectors(ids)
+
+    def iter_vectors(self, batch: int = 8192, keep=None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """(ids, vectors) of the segment in id order, in batches; `keep(ids) -> mask` selects."""
+        if self.vecs is not None:
+            yield from self.vecs.iter(batch, keep)
+            return
+        for ids, vecs in self.docs.iter_vectors(batch):
+            m = keep(ids) if keep is not None else None
+            if m is None or m.all():
+                yield ids, vecs
+            elif m.any():
+                yield ids[m], vecs[m]
 
     def close(self) -> None:
         self.docs.close()
@@ -400,7 +427,7 @@ class SegmentedDocs:
         return out
 
     def get_vectors(self, ids: Iterable[int]) -> tuple[np.ndarray, np.ndarray]:
-        got = [p.segment.docs.get_vectors(part_ids) for p, part_ids in self._route(ids)]
+        got = [p.segment.vectors_of(part_ids) for p, part_ids in self._route(ids)]
         got = [g for g in got if len(g[0])]
         if not got:
             return np.zeros(0, np.int64), np.zeros((0, 0), np.float32)
@@ -417,12 +444,7 @@ class SegmentedDocs:
 
     def iter_vectors(self, batch: int = 8192) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         for p in self.parts:
-            for ids, vecs in p.segment.docs.iter_vectors(batch):
-                keep = p.keep(ids)
-                if keep.all():
-                    yield ids, vecs
-                elif keep.any():
-                    yield ids[keep], vecs[keep]
+            yield from p.segment.iter_vectors(batch, p.keep)
 
     def iter_states_refs(self, batch: int = 4096) -> Iterator[list[tuple[int, str | None, int | None, int | None]]]:
         """[(chunk id, state file, first row, tokens)] of the live chunks, in batches."""

@@ -1,4 +1,9 @@
-"""A segment's full vectors in one file, memory-mapped: what exact re-ranking reads.
+"""A segment's full vectors in one file, memory-mapped: the one stored copy of its vectors.
+
+Since format 4 every segment has one (`vectors.<s>.vec`), and it is the only full copy: the
+docstore's `vector` column stays empty, merges and index rebuilds read their vectors from here
+(streamed, in batches, so a merge holds a constant amount of them in memory), and explain and
+the framework stores gather their hits' rows from the map.
 
 An IVF fast-scan index keeps only 4-bit codes in memory (~dim / 8 bytes a vector); the full
 float32 vectors its top candidates are re-ranked against used to live inside the FAISS file too
@@ -18,11 +23,17 @@ from __future__ import annotations
 import mmap
 import os
 from pathlib import Path
+from typing import Iterable, Iterator
 
 import numpy as np
 
 MAGIC = b"SSVEC\x00\x01\x00"
 HEAD = len(MAGIC) + 16
+
+
+def file_name(seg_id: int) -> str:
+    """The vector file of segment seg_id."""
+    return f"vectors.{seg_id}.vec"
 
 
 def _vectors_at(n: int) -> int:
@@ -31,17 +42,32 @@ def _vectors_at(n: int) -> int:
 
 def write(path: Path, ids: np.ndarray, vectors: np.ndarray) -> None:
     """Write (sorted ids, their vectors) to path, fsynced."""
+    vectors = np.asarray(vectors, np.float32)
+    dim = vectors.shape[1] if vectors.ndim == 2 else 0
+    write_batches(path, ids, dim, [vectors] if len(vectors) else [])
+
+
+def write_batches(path: Path, ids: np.ndarray, dim: int, batches: Iterable[np.ndarray]) -> None:
+    """Write a vector file whose (sorted) ids are known and whose rows come in batches, in id
+    order: memory bounded by one batch however large the file (a merge of segments). fsynced."""
     ids = np.ascontiguousarray(ids, "<i8")
-    vectors = np.ascontiguousarray(vectors, "<f4")
-    n, dim = vectors.shape if vectors.ndim == 2 else (0, 0)
-    if len(ids) != n or (n > 1 and not (np.diff(ids) > 0).all()):
+    n = len(ids)
+    if n > 1 and not (np.diff(ids) > 0).all():
         raise ValueError("a vector file needs sorted unique ids, one per vector")
-    head = MAGIC + np.array([n, dim], "<i8").tobytes()
+    head = MAGIC + np.array([n, dim if n else 0], "<i8").tobytes()
+    rows = 0
     with open(path, "wb") as fh:
         fh.write(head)
         fh.write(ids.tobytes())
         fh.write(b"\0" * (_vectors_at(n) - HEAD - 8 * n))
-        fh.write(vectors.tobytes())
+        for b in batches:
+            b = np.ascontiguousarray(b, "<f4")
+            if len(b) and (b.ndim != 2 or b.shape[1] != dim):
+                raise ValueError(f"vectors of dimension {b.shape[-1]} for a file of dimension {dim}")
+            fh.write(b.tobytes())
+            rows += len(b)
+        if rows != n:
+            raise ValueError(f"{rows} vectors written for {n} ids")
         fh.flush()
         os.fsync(fh.fileno())
 
@@ -87,9 +113,34 @@ class VectorFile:
             return None
         return np.asarray(self.matrix[at], np.float32)
 
+    def found(self, ids) -> tuple[np.ndarray, np.ndarray]:
+        """(the given ids this file holds, sorted and unique; their vectors)."""
+        ids = np.unique(np.asarray(list(ids) if not isinstance(ids, np.ndarray) else ids, np.int64))
+        at, held = self.rows(ids)
+        at = np.sort(at[held])  # rows in file order: the pages read in order
+        return self.ids[at].copy(), np.asarray(self.matrix[at], np.float32)
+
+    def iter(self, batch: int = 8192, keep=None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """(ids, vectors) in id order, in batches (copies: nothing of the map outlives a batch);
+        `keep(ids) -> bool mask`: only the rows it keeps."""
+        for at in range(0, len(self.ids), batch):
+            ids, vecs = self.ids[at : at + batch], self.matrix[at : at + batch]
+            if keep is not None:
+                m = keep(ids)
+                if not m.all():
+                    ids, vecs = ids[m], vecs[m]
+            if len(ids):
+                yield ids.copy(), np.array(vecs, np.float32)
+
+    def sample(self, n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, vectors) of n rows drawn without replacement (all where n >= the count), in id order."""
+        rng = np.random.default_rng(seed)
+        at = np.sort(rng.choice(len(self.ids), min(n, len(self.ids)), replace=False)) if len(self.ids) else np.zeros(0, np.int64)
+        return self.ids[at].copy(), np.asarray(self.matrix[at], np.float32)
+
 
 class MemoryVectors:
-    """The same interface over arrays in memory: an index being built, before its file exists."""
+    """The same interface over arrays in memory: a segment being written, before its file exists."""
 
     def __init__(self, dim: int):
         self.dim = dim
@@ -122,5 +173,26 @@ class MemoryVectors:
     def __len__(self) -> int:
         return len(self.ids)
 
+    def set(self, ids: np.ndarray, vectors: np.ndarray) -> None:
+        """Replace the vectors of ids it holds (re-pooling)."""
+        have, mat = self.arrays()
+        at, held = self.rows(ids)
+        if not held.all():
+            raise KeyError("set() of vectors not held")
+        mat = mat.copy()
+        mat[at] = np.asarray(vectors, np.float32)
+        self._sorted = (have, mat)
+        self._ids, self._vecs = [have], [mat]
+
+    def remove(self, ids: np.ndarray) -> None:
+        have, mat = self.arrays()
+        keep = ~np.isin(have, np.asarray(ids, np.int64))
+        if not keep.all():
+            self._sorted = (have[keep], mat[keep])
+            self._ids, self._vecs = [self._sorted[0]], [self._sorted[1]]
+
     rows = VectorFile.rows
     get = VectorFile.get
+    found = VectorFile.found
+    iter = VectorFile.iter
+    sample = VectorFile.sample

@@ -25,7 +25,6 @@ from typing import Any, Iterator
 import numpy as np
 
 from semsearch.errors import InputError
-from semsearch.store import vecfile
 from semsearch.store.vecfile import MemoryVectors, VectorFile
 
 log = logging.getLogger(__name__)
@@ -269,16 +268,25 @@ class VectorIndex:
         return self.kind == "ivf-fastscan" and self.params.get("refine") == "file"
 
     @classmethod
-    def build(cls, dim: int, kind: str, batches: Iterator[tuple[np.ndarray, np.ndarray]], n: int,
+    def build(cls, dim: int, kind: str, batches, n: int,
               params: dict[str, Any] | None = None, train_sample: int = 200_000, seed: int = 0,
               device: str = "cpu") -> "VectorIndex":
-        """An index of kind over all (ids, vectors) batches; IVF types train on a sample first.
+        """An index of kind over all vectors of `batches`; IVF types train on a sample first.
+        `batches`: an iterator of (ids, vectors), or a vector store (store/vecfile.py: a mapped
+        file or rows in memory), which is read in batches and sampled in place, so a build holds
+        the index and one batch, not every vector (an iterator is listed first for IVF types). An
+        ivf-fastscan index re-ranks against the store it was built from.
         On device 'cuda' the vectors are added on the GPU and copied back to the CPU once."""
         params = dict(params or {})
         if kind in IVF_TYPES:
             params.setdefault("nlist", default_nlist(n))
         on_gpu = device == "cuda" and faiss_gpus() > 0
-        batches = list(batches) if kind in IVF_TYPES or on_gpu else batches
+        if not hasattr(batches, "matrix") and (kind in IVF_TYPES or on_gpu or kind == "ivf-fastscan"):
+            got = list(batches)
+            store = MemoryVectors(dim)
+            for ids, vecs in got:
+                store.add(ids, vecs)
+            batches = store
         if on_gpu:
             try:
                 return cls._build(dim, kind, batches, n, params, train_sample, seed, "cuda")
@@ -290,20 +298,19 @@ class VectorIndex:
     def _build(cls, dim: int, kind: str, batches, n: int, params: dict[str, Any], train_sample: int, seed: int,
                device: str) -> "VectorIndex":
         vi = cls.create(dim, kind, dict(params), device)
+        store = batches if hasattr(batches, "matrix") else None
+        if store is not None and vi.external_refine:
+            vi.refine = store  # re-ranking reads the store itself: no second copy
         if kind in IVF_TYPES:
-            all_n = sum(len(ids) for ids, _ in batches)
-            rng = np.random.default_rng(seed)
-            take = np.sort(rng.choice(all_n, min(train_sample, all_n), replace=False))
-            sample = np.concatenate([v for _, v in batches])[take]
-            vi.train(sample, gpu=device == "cuda")
+            vi.train(store.sample(train_sample, seed)[1], gpu=device == "cuda")
         if vi.device == "cuda":
             vi._searcher()  # adds go to the GPU mirror (or the CPU, where the copy failed)
         if vi.device == "cuda":
             vi.built_on = "cuda"
         elif device == "cuda" and kind in IVF_TYPES:
             vi.built_on = "cpu, k-means on cuda"
-        for ids, vecs in batches:
-            vi.add(ids, vecs)
+        for ids, vecs in (store.iter(65536) if store is not None else batches):
+            vi.add(ids, vecs, refine=store is None)
         vi.apply_params()
         return vi
 
@@ -342,21 +349,23 @@ class VectorIndex:
         self.apply_params()
 
     @classmethod
-    def load(cls, path: Path, kind: str = "flat", params: dict[str, Any] | None = None, device: str = "cpu") -> "VectorIndex":
+    def load(cls, path: Path, kind: str = "flat", params: dict[str, Any] | None = None, device: str = "cpu",
+             refine: VectorFile | None = None) -> "VectorIndex":
+        """The index saved at path; an ivf-fastscan one re-ranks against `refine` (the segment's
+        vector file, opened by the caller) or the vector file beside path."""
         import faiss
 
         vi = cls(faiss.read_index(str(path)), kind, params, device)
         if vi.external_refine:
-            vi.refine = VectorFile(Path(path).with_suffix(".vec"))
+            vi.refine = refine if refine is not None else VectorFile(Path(path).with_suffix(".vec"))
         return vi
 
     def save(self, path: Path) -> None:
-        """Write the faiss file (and, for ivf-fastscan, its vector file `<name>.vec` beside it)."""
+        """Write the faiss file. The full vectors (ivf-fastscan's re-ranking rows too) are the
+        segment's vector file, written by the segment's writer (store/vecfile.py)."""
         import faiss
 
         faiss.write_index(self.index, str(path))
-        if self.refine is not None:
-            vecfile.write(Path(path).with_suffix(".vec"), self.refine.ids, self.refine.matrix)
 
     @property
     def ntotal(self) -> int:
@@ -369,11 +378,12 @@ class VectorIndex:
 
         return int(faiss.serialize_index(self.index).size)
 
-    def add(self, ids: np.ndarray, vectors: np.ndarray) -> None:
+    def add(self, ids: np.ndarray, vectors: np.ndarray, refine: bool = True) -> None:
+        """Add vectors; `refine`: to the re-ranking rows too (False: they are there already)."""
         if not len(ids):
             return
         vectors, ids = np.ascontiguousarray(vectors, np.float32), np.ascontiguousarray(ids, np.int64)
-        if self.refine is not None:
+        if self.refine is not None and refine:
             self.refine.add(ids, vectors)
         with _GPU_LOCK:
             if self._gpu is not None:  # add on the GPU; the CPU copy is taken from it when next needed
