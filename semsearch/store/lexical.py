@@ -112,13 +112,25 @@ class Postings:
             got = self._blocks = (bptr, maxtf, minlen)
         return got
 
-    def weight_parts(self, at, k1: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(tf, tf (k1 + 1), length of the posting's row) as float32 for the postings at `at` (a
-        slice or positions): the parts of a BM25 weight that do not depend on the index's
-        statistics, read from the arrays (mapped from disk for a published segment) per query.
-        (Kept whole in memory they cost 12 bytes a posting: 1.7 GB at 1M chunks of 200 words.)"""
-        tf = self.tfs[at].astype(np.float32)
-        return tf, tf * np.float32(k1 + 1), self.lengths[self.postings[at]].astype(np.float32)
+    def term_list(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+        """(rows, tf as float32) of postings lo:hi, one term's whole list (a stored file's
+        arrays are mapped from disk: a query reads its terms' pages, page cache and not heap)."""
+        return self.postings[lo:hi], self.tfs[lo:hi].astype(np.float32)
+
+    def term_rows(self, lo: int, hi: int) -> np.ndarray:
+        """The rows of postings lo:hi (sorted)."""
+        return self.postings[lo:hi]
+
+    def span(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+        """(rows, tfs) of postings lo:hi, however many terms they cross."""
+        return self.postings[lo:hi], self.tfs[lo:hi]
+
+    def find_in(self, lo: int, hi: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(held, tf as float32 where held) of sorted `rows` in the list of postings lo:hi."""
+        plist = self.postings[lo:hi]
+        at = np.searchsorted(plist, rows).clip(0, max(hi - lo - 1, 0))
+        ok = plist[at] == rows if hi > lo else np.zeros(len(rows), bool)
+        return ok, self.tfs[lo + at[ok]].astype(np.float32)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -305,7 +317,7 @@ class LexicalIndex:
                     continue
                 lo, hi = int(p.indptr[v]), int(p.indptr[v + 1])
                 dead = self._dead[j]
-                df += (hi - lo) - (int(dead[p.postings[lo:hi]].sum()) if dead is not None else 0)
+                df += (hi - lo) - (int(dead[p.term_rows(lo, hi)].sum()) if dead is not None else 0)
                 spans.append((j, lo, hi))
             if df:
                 out.append((h, df, spans))
@@ -313,7 +325,8 @@ class LexicalIndex:
 
     def _weights(self, j: int, lo: int, hi: int, idf: float) -> np.ndarray:
         """idf * tf (k1 + 1) / (tf + k1 (1 - b + b len / avg)) of postings lo:hi of part j (float32)."""
-        return self._weights_at(j, slice(lo, hi), idf)
+        rows, tf = self.parts[j].term_list(lo, hi)
+        return self._weights_of(j, rows, tf, idf)
 
     def score_all(self, query: str | np.ndarray) -> np.ndarray:
         """BM25 scores (rows,) of every row for query (0 where no query term occurs; deleted rows
@@ -322,17 +335,18 @@ class LexicalIndex:
         acc = np.zeros(len(self.ids), np.float32)
         for _, idf, spans in self._terms(hashes):
             for j, lo, hi in spans:
-                acc[self.offsets[j] + self.parts[j].postings[lo:hi]] += self._weights(j, lo, hi, idf)  # a term posts a row at most once
+                rows, tf = self.parts[j].term_list(lo, hi)
+                acc[self.offsets[j] + rows] += self._weights_of(j, rows, tf, idf)  # a term posts a row at most once
         return acc
 
     # ---- rank-safe dynamic pruning (MaxScore) --------------------------------------------------
-    def _weights_at(self, j: int, at, idf: float) -> np.ndarray:
-        """_weights of the postings at `at` (a slice or positions) of part j. The same float32
-        operations on the same per-posting values whatever part a row is in and however it is
-        reached (a whole list or a look-up), so scores do not depend on the segmentation or the
-        pruning, bit for bit."""
-        tf, tf1, plen = self.parts[j].weight_parts(at, self.k1)
-        den = plen * self._c1
+    def _weights_of(self, j: int, rows: np.ndarray, tf: np.ndarray, idf: float) -> np.ndarray:
+        """The weights of postings of part j given their rows and tf (float32). The same float32
+        operations on the same per-posting values whatever part a row is in, however it is reached
+        (a whole list or a look-up) and however the file stores it, so scores do not depend on the
+        segmentation, the pruning or the file layout, bit for bit."""
+        tf1 = tf * np.float32(self.k1 + 1)
+        den = self.parts[j].lengths[rows].astype(np.float32) * self._c1
         den += self._c0
         den += tf
         w = np.divide(tf1, den, out=den)
@@ -350,22 +364,22 @@ class LexicalIndex:
                 bptr, maxtf, minlen = p.blocks()
                 v = int(np.searchsorted(p.indptr, lo, "right")) - 1
                 a, b = int(bptr[v]), int(bptr[v + 1])
-                tf = maxtf[a:b].astype(np.float64)
-                got = self._bounds[(j, lo)] = float((tf * (self.k1 + 1) / (tf + float(self._c0) + float(self._c1) * minlen[a:b])).max())
+                tf = maxtf[a:b].astype(np.float64)  # a file may store both narrower: the same values
+                got = self._bounds[(j, lo)] = float((tf * (self.k1 + 1) / (tf + float(self._c0) + float(self._c1) * minlen[a:b].astype(np.float32))).max())
             best = max(best, got)
         # float32 rounding of the real weights may land a hair above this float64 bound
         return best * idf * (1 + 1e-5) + 1e-6
 
     def _term_rows(self, idf: float, spans: list[tuple[int, int, int]]) -> tuple[np.ndarray, np.ndarray]:
         """(global rows, weights) of all a term's postings."""
+        rows, weights = [], []
+        for j, lo, hi in spans:  # sorted: parts hold increasing row ranges
+            r, tf = self.parts[j].term_list(lo, hi)
+            rows.append(self.offsets[j] + r.astype(np.int64))
+            weights.append(self._weights_of(j, r, tf, idf))
         if len(spans) == 1:
-            j, lo, hi = spans[0]
-            return self.offsets[j] + self.parts[j].postings[lo:hi].astype(np.int64), self._weights(j, lo, hi, idf)
-        return self._rows(spans), np.concatenate([self._weights(j, lo, hi, idf) for j, lo, hi in spans])
-
-    def _rows(self, spans: list[tuple[int, int, int]]) -> np.ndarray:
-        """The global rows of a term's postings, sorted (parts hold increasing row ranges)."""
-        return np.concatenate([self.offsets[j] + self.parts[j].postings[lo:hi].astype(np.int64) for j, lo, hi in spans])
+            return rows[0], weights[0]
+        return np.concatenate(rows), np.concatenate(weights)
 
     def _add_term(self, acc: np.ndarray, rows: np.ndarray, idf: float, spans: list[tuple[int, int, int]]) -> np.ndarray:
         """acc (over the sorted global `rows`) plus the term's weights where a row holds it."""
@@ -374,12 +388,10 @@ class LexicalIndex:
             a, b = np.searchsorted(rows, [base, int(self.offsets[j + 1])])
             if a == b:
                 continue
-            plist = self.parts[j].postings[lo:hi]
             local = rows[a:b] - base
-            at = np.searchsorted(plist, local).clip(0, hi - lo - 1)
-            ok = plist[at] == local
+            ok, tf = self.parts[j].find_in(lo, hi, local)
             if ok.any():
-                acc[a + np.flatnonzero(ok)] += self._weights_at(j, lo + at[ok], idf)
+                acc[a + np.flatnonzero(ok)] += self._weights_of(j, local[ok], tf, idf)
         return acc
 
     def top_k(self, query: str | np.ndarray, n: int, allowed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -523,13 +535,11 @@ class LexicalIndex:
                 if not len(mine):
                     continue
                 local = pos[mine] - self.offsets[j]
-                plist = self.parts[j].postings[lo:hi]
-                at = np.searchsorted(plist, local).clip(0, max(hi - lo - 1, 0))
-                ok = plist[at] == local if hi > lo else np.zeros(len(local), bool)
-                w = self._weights(j, lo, hi, idf)
-                for m, a, f in zip(mine.tolist(), at.tolist(), ok.tolist()):
-                    if f:
-                        c[m], tf[m] = float(w[a]), int(self.parts[j].tfs[lo + a])
+                order = np.argsort(local, kind="stable")
+                ok, got_tf = self.parts[j].find_in(lo, hi, local[order])
+                w = self._weights_of(j, local[order][ok], got_tf, idf)
+                for m, wt, f in zip(mine[order][ok].tolist(), w.tolist(), got_tf.tolist()):
+                    c[m], tf[m] = float(wt), int(f)
             cols.append((h, idf, c, tf))
         lengths = [float(self.parts[int(part[i])].lengths[pos[i] - self.offsets[int(part[i])]]) for i in np.flatnonzero(held)]
         return cols, lengths
@@ -570,18 +580,39 @@ def invert(db: sqlite3.Connection) -> Postings:
 
 
 # ---- a published segment's posting file, memory-mapped ------------------------------------------
-# `lexical.<s>.bin` beside the segment's docstore. Layout (little-endian): MAGIC (8 bytes), the
-# analyzer name (32 bytes, NUL-padded), counts n (rows), V (terms), nnz (postings), nb (blocks) and
-# the rows' total length (int64 each), then, each starting at a multiple of 64 bytes: ids (i8, n),
-# lengths (f4, n), vocab (i8, V), indptr (i8, V + 1), postings (i4, nnz), tfs (i4, nnz), bptr
-# (i8, V + 1), block max tf (f4, nb), block min length (f4, nb). Opening maps it and reads the
-# header only: a query reads the pages of its terms' postings (page cache, not heap). Integrity is
-# the manifest's (size, fingerprint, sha256), as for every data file. Written by hand, not .npz:
-# numpy's .npy header parser is not safe from several threads on CPython 3.11 (python/cpython#106905).
-FILE_MAGIC = b"SSLEX\x00\x01\x00"
+# `lexical.<s>.bin` beside the segment's docstore, little-endian, each array starting at a multiple
+# of 64 bytes. Opening maps it and reads the header only: a query reads the pages of its terms'
+# postings (page cache, not heap). Integrity is the manifest's (size, fingerprint, sha256), as for
+# every data file. Written by hand, not .npz: numpy's .npy header parser is not safe from several
+# threads on CPython 3.11 (python/cpython#106905).
+#
+# Version 2 (written): a posting costs ~2.3 bytes instead of 8 (1.17 GB -> ~0.34 GB at 1M chunks of
+# 200 words). Per block of BLOCK postings of a term: its first row (i4), the gaps between its rows
+# at the narrowest of 1, 2 or 4 bytes that holds them all (the block's width, u1), kept in three
+# streams by width (a term's blocks of one width are consecutive in their stream, so a list decodes
+# as a few reshaped views: astype, cumsum along the block, plus the first rows); term counts as
+# 4-bit nibbles, 15 marking an exception kept exactly beside (posting number, tf); and the pruning
+# bounds per block (largest tf, u1/u2/u4 as the file's largest needs; shortest row, u2 where every
+# length is an integer below 65,536, else f4). Bit-packing at each block's width (Lucene's,
+# tantivy's) measured ~25% smaller still but decoding with numpy cost 2-3x the exhaustive scorer's
+# time, against ~10-30% for these byte widths (docs/benchmarks.md). Header: MAGIC (8 bytes), the analyzer
+# name (32, NUL-padded), then int64 counts (_HEAD2); arrays in the order of _FILE2.
+# Version 1 (read): ids, lengths, vocab, indptr, postings (i4), tfs (i4), bptr, block max tf (f4),
+# block min length (f4), after counts n, V, nnz, nb and the total length.
+FILE_MAGIC = b"SSLEX\x00\x02\x00"
+FILE_MAGIC_1 = b"SSLEX\x00\x01\x00"
 _FILE_HEAD = len(FILE_MAGIC) + 32 + 5 * 8
 _FILE_ARRAYS = (("ids", "<i8"), ("lengths", "<f4"), ("vocab", "<i8"), ("indptr", "<i8"), ("postings", "<i4"), ("tfs", "<i4"),
                 ("bptr", "<i8"), ("maxtf", "<f4"), ("minlen", "<f4"))
+_HEAD2 = ("n", "V", "nnz", "nb", "total", "n8", "n16", "n32", "nexc", "tf_size", "len_int", "spare")
+_FILE_HEAD2 = len(FILE_MAGIC) + 32 + 8 * len(_HEAD2)
+_GAPS = ("<u1", "<u2", "<u4")  # block widths 0, 1, 2
+_FILE2 = (("ids", "<i8", "n"), ("lengths", "<f4", "n"), ("g0", "<u1", "n8"), ("g1", "<u2", "n16"), ("g2", "<u4", "n32"),
+          ("tfn", "<u1", "nib"), ("exc_at", "<i8", "nexc"), ("exc_tf", "<i4", "nexc"), ("vocab", "<i8", "V"),
+          ("indptr", "<i8", "V1"), ("bptr", "<i8", "V1"), ("s0", "<i8", "V1"), ("s1", "<i8", "V1"), ("s2", "<i8", "V1"),
+          ("bfirst", "<i4", "nb"), ("bwidth", "<u1", "nb"), ("maxtf", None, "nb"), ("minlen", None, "nb"))
+TF_ESCAPE = 15
+BATCH = 1 << 20  # postings encoded or merged at a time: what bounds a write's memory
 
 
 def _file_counts(n: int, v: int, nnz: int, nb: int) -> list[int]:
@@ -597,15 +628,531 @@ def _layout(counts: list[int]) -> tuple[list[int], int]:
     return offsets, at
 
 
+def _layout2(h: dict) -> tuple[dict, dict, int]:
+    """(offset, dtype) of each array of a version 2 file with header values h, and its size."""
+    counts = dict(h, V1=h["V"] + 1, nib=(h["nnz"] + 1) // 2)
+    dts = {name: dt for name, dt, _ in _FILE2}
+    dts["maxtf"] = {1: "<u1", 2: "<u2", 4: "<u4"}[h["tf_size"]]
+    dts["minlen"] = "<u2" if h["len_int"] else "<f4"
+    offsets, at = {}, _FILE_HEAD2
+    for name, _, c in _FILE2:
+        at = -(-at // 64) * 64
+        offsets[name] = at
+        at += np.dtype(dts[name]).itemsize * counts[c]
+    return offsets, {name: (dts[name], counts[c]) for name, _, c in _FILE2}, at
+
+
+class _Writer:
+    """Writes a version 2 posting file from its rows (ids, lengths) and then its postings, term
+    by term in hash order, in batches, so memory stays bounded whatever the file's size: the gap
+    stream of width 0 goes straight into place; the other arrays, whose offsets depend on counts
+    known only at the end, go to unnamed temporary files and are copied in after."""
+
+    _SPILLED = ("g1", "g2", "tfn", "exc_at", "exc_tf", "vocab", "indptr", "bptr", "s0", "s1", "s2", "bfirst", "bwidth",
+                "maxtf", "minlen")
+
+    def __init__(self, path, n: int):
+        import tempfile
+        from pathlib import Path
+
+        self.path, self.n = Path(path), n
+        self.fh = open(self.path, "wb")
+        self.spill = {k: tempfile.TemporaryFile(dir=self.path.parent) for k in self._SPILLED}
+        self.c = dict.fromkeys(("rows", "nnz", "nb", "n8", "n16", "n32", "nexc", "V"), 0)
+        self.head = {"n": n, "V": 0, "nnz": 0, "nb": 0, "n8": 0, "n16": 0, "n32": 0, "nexc": 0, "tf_size": 1,
+                     "len_int": 1, "total": 0, "spare": 0}
+        self.off, _, _ = _layout2(self.head)  # ids, lengths and g0 come first: their offsets need n only
+        self.last: int | None = None  # the last term written, and whether it may go on (its postings so far fill blocks)
+        self.open_ended = False
+        self.pending: int | None = None  # a term count's nibble waiting for its pair
+        self.max_tf, self.max_len = 0, 0.0
+        self.total = 0.0
+
+    def rows(self, ids: np.ndarray, lengths: np.ndarray) -> None:
+        """The next rows' ids and lengths (all n of them, before any term)."""
+        at = self.c["rows"]
+        self.fh.seek(self.off["ids"] + 8 * at)
+        self.fh.write(np.ascontiguousarray(ids, "<i8").tobytes())
+        self.fh.seek(self.off["lengths"] + 4 * at)
+        lengths = np.ascontiguousarray(lengths, "<f4")
+        self.fh.write(lengths.tobytes())
+        self.c["rows"] = at + len(ids)
+        self.total += float(np.sum(lengths, dtype=np.float64))
+
+    def _put(self, name: str, a: np.ndarray, dt: str) -> None:
+        self.spill[name].write(np.ascontiguousarray(a, dt).tobytes())
+
+    def terms(self, hashes: np.ndarray, counts: np.ndarray, rows: np.ndarray, tfs: np.ndarray, plen: np.ndarray) -> None:
+        """Postings of terms `hashes` (increasing, counts[t] postings each, at least one): their
+        rows (sorted within a term), tfs and the length of each posting's row. The first term may
+        go on with the previous call's last one, whose postings so far must fill whole blocks."""
+        c = self.c
+        counts = np.asarray(counts, np.int64)
+        if not len(hashes):
+            return
+        cont = self.last is not None and int(hashes[0]) == self.last
+        if cont and not self.open_ended:
+            raise ValueError("a term goes on after a part block")
+        if self.last is not None and int(hashes[0]) < self.last:
+            raise ValueError("terms out of order")
+        rows = np.asarray(rows, np.int64)
+        tfs = np.asarray(tfs, np.int64)
+        nbp = -(-counts // BLOCK)
+        bstart = np.concatenate([[0], np.cumsum(nbp)])
+        total = int(bstart[-1])
+        pstart = np.concatenate([[0], np.cumsum(counts)])
+        first = np.repeat(pstart[:-1], nbp) + BLOCK * (np.arange(total) - np.repeat(bstart[:-1], nbp))
+        cnt = np.diff(np.append(first, len(rows)))
+        gaps = np.empty(len(rows), np.int64)
+        gaps[:1] = 0
+        np.subtract(rows[1:], rows[:-1], out=gaps[1:])
+        gaps[first] = 0
+        widest = np.maximum.reduceat(gaps, first)
+        width = (widest >= 1 << 8).astype(np.uint8) + (widest >= 1 << 16)
+        ew = np.repeat(width, cnt)
+        before = {}  # per width: the stream's entries before each piece
+        for g, name in enumerate(("n8", "n16", "n32")):
+            vals = gaps[ew == g]
+            per_block = np.concatenate([[0], np.cumsum(np.where(width == g, cnt, 0))])
+            before[g] = c[name] + per_block[bstart[:-1]]
+            if g == 0:
+                self.fh.seek(self.off["g0"] + c[name])
+                self.fh.write(vals.astype("<u1").tobytes())
+            else:
+                self._put(f"g{g}", vals, _GAPS[g])
+            c[name] += len(vals)
+        new = np.ones(len(hashes), bool)
+        new[0] = not cont
+        self._put("vocab", np.asarray(hashes, np.int64)[new], "<i8")
+        self._put("indptr", (c["nnz"] + pstart[:-1])[new], "<i8")
+        self._put("bptr", (c["nb"] + bstart[:-1])[new], "<i8")
+        for g in range(3):
+            self._put(f"s{g}", before[g][new], "<i8")
+        self._put("bfirst", rows[first], "<i4")
+        self._put("bwidth", width, "<u1")
+        maxtf = np.maximum.reduceat(tfs, first)
+        minlen = np.minimum.reduceat(np.asarray(plen, np.float32), first)
+        self._put("maxtf", maxtf, "<i8")
+        self._put("minlen", minlen, "<f4")
+        self.max_tf = max(self.max_tf, int(maxtf.max()))
+        if self.head["len_int"] and not (np.all(minlen == np.floor(minlen)) and float(minlen.max()) < 1 << 16 and float(minlen.min()) >= 0):
+            self.head["len_int"] = 0
+        # term counts: nibbles, pairs in posting order across calls
+        nib = np.minimum(tfs, TF_ESCAPE).astype(np.uint8)
+        esc = np.flatnonzero(tfs >= TF_ESCAPE)
+        self._put("exc_at", c["nnz"] + esc, "<i8")
+        self._put("exc_tf", tfs[esc], "<i4")
+        c["nexc"] += len(esc)
+        if self.pending is not None:
+            nib = np.concatenate([[self.pending], nib]).astype(np.uint8)
+            self.pending = None
+        if len(nib) % 2:
+            self.pending, nib = int(nib[-1]), nib[:-1]
+        self._put("tfn", nib[0::2] | (nib[1::2] << 4), "<u1")
+        c["nnz"] += len(rows)
+        c["nb"] += total
+        c["V"] += int(new.sum())
+        self.last = int(hashes[-1])
+        self.open_ended = int(counts[-1]) % BLOCK == 0
+
+    def finish(self) -> None:
+        import os
+        import shutil
+
+        c, h = self.c, self.head
+        if c["rows"] != self.n:
+            raise ValueError("rows missing")
+        if self.pending is not None:
+            self._put("tfn", np.array([self.pending]), "<u1")
+        self._put("indptr", [c["nnz"]], "<i8")
+        self._put("bptr", [c["nb"]], "<i8")
+        for g, name in enumerate(("n8", "n16", "n32")):
+            self._put(f"s{g}", [c[name]], "<i8")
+        h.update({k: c[k] for k in ("V", "nnz", "nb", "n8", "n16", "n32", "nexc")})
+        h["total"] = int(self.total)
+        h["tf_size"] = 1 if self.max_tf < 1 << 8 else 2 if self.max_tf < 1 << 16 else 4
+        off, dts, end = _layout2(h)
+        assert off["g0"] == self.off["g0"]
+        for name in self._SPILLED:
+            src = self.spill[name]
+            src.seek(0)
+            self.fh.seek(off[name])
+            if name in ("maxtf", "minlen"):  # spilled wide, kept at the width this file needs
+                wide = "<i8" if name == "maxtf" else "<f4"
+                while chunk := src.read(8 << 20):
+                    self.fh.write(np.frombuffer(chunk, wide).astype(dts[name][0]).tobytes())
+            else:
+                shutil.copyfileobj(src, self.fh, 8 << 20)
+        self.fh.truncate(end)
+        self.fh.seek(0)
+        self.fh.write(FILE_MAGIC + ANALYZER.encode().ljust(32, b"\0") + np.array([h[k] for k in _HEAD2], "<i8").tobytes())
+        self.fh.flush()
+        os.fsync(self.fh.fileno())
+
+    def close(self) -> None:
+        self.fh.close()
+        for f in self.spill.values():
+            f.close()
+
+
+def _pieces(indptr: np.ndarray, v0: int, v1: int, batch: int) -> Iterable[tuple[int, int, int, int]]:
+    """(first term, end term, first posting, end posting) of runs of terms v0:v1 with about
+    `batch` postings each; a term with more is cut into pieces of whole blocks."""
+    v = v0
+    while v < v1:
+        lo = int(indptr[v])
+        e = int(np.searchsorted(indptr, lo + batch, "right")) - 1
+        e = min(max(e, v), v1)
+        if e > v:
+            yield v, e, lo, int(indptr[e])
+            v = e
+            continue
+        hi = int(indptr[v + 1])
+        step = max(batch // BLOCK, 1) * BLOCK
+        for a in range(lo, hi, step):
+            yield v, v + 1, a, min(a + step, hi)
+        v += 1
+
+
 def write_file(path, p: Postings) -> None:
-    """Write posting arrays (with their pruning blocks) to a posting file, fsynced."""
+    """Write posting arrays to a posting file (version 2), fsynced; memory beyond the arrays is
+    bounded by BATCH postings."""
+    w = _Writer(path, len(p.ids))
+    try:
+        for a in range(0, len(p.ids), BATCH):
+            w.rows(p.ids[a : a + BATCH], p.lengths[a : a + BATCH])
+        for v0, v1, lo, hi in _pieces(p.indptr, 0, len(p.vocab), BATCH):
+            counts = np.diff(np.clip(p.indptr[v0 : v1 + 1], lo, hi))
+            rows = p.postings[lo:hi]
+            w.terms(p.vocab[v0:v1], counts, rows, p.tfs[lo:hi], p.lengths[rows])
+        w.finish()
+    finally:
+        w.close()
+
+
+def write_merged(path, parts: Sequence[tuple[Postings, np.ndarray]]) -> None:
+    """Write the posting file of the live rows of several posting sets, in their order (a
+    merge of segments): `parts` is [(postings, deleted chunk ids)], each opened from a segment's
+    posting file. The file is the one write_file() writes from the merged rows inverted afresh
+    (rows renumbered, deleted ones gone, terms left without postings gone), written term range
+    by term range: memory stays bounded by a few BATCH postings whatever the parts' sizes."""
+    dead = []
+    for p, d in parts:  # positions of the deleted ids each part holds
+        d = np.asarray(d if d is not None else [], np.int64)
+        pos = np.searchsorted(p.ids, d).clip(0, max(len(p.ids) - 1, 0))
+        dead.append(np.unique(pos[p.ids[pos] == d]) if len(p.ids) else np.zeros(0, np.int64))
+    live = [len(p.ids) - len(d) for (p, _), d in zip(parts, dead)]
+    offsets = np.cumsum([0] + live)
+    w = _Writer(path, int(offsets[-1]))
+    try:
+        for (p, _), d in zip(parts, dead):
+            for a in range(0, len(p.ids), BATCH):
+                keep = np.ones(min(BATCH, len(p.ids) - a), bool)
+                keep[d[(d >= a) & (d < a + BATCH)] - a] = False
+                w.rows(p.ids[a : a + BATCH][keep], p.lengths[a : a + BATCH][keep])
+        cursor = [0] * len(parts)
+        share = max(BATCH // max(len(parts), 1), BLOCK)
+        while True:
+            heads = [int(p.vocab[v]) for (p, _), v in zip(parts, cursor) if v < len(p.vocab)]
+            if not heads:
+                break
+            # a hash bound below which each part holds at most `share` postings (or one term)
+            bound = None
+            for (p, _), v in zip(parts, cursor):
+                if v < len(p.vocab):
+                    e = int(np.searchsorted(p.indptr, int(p.indptr[v]) + share, "right")) - 1
+                    if e < len(p.vocab):
+                        h = int(p.vocab[max(e, v)])
+                        bound = h if bound is None else min(bound, h)
+            first = min(heads)
+            if bound is not None and bound == first:  # one term with many postings: in pieces
+                got = []
+                for j, ((p, _), v) in enumerate(zip(parts, cursor)):
+                    if v < len(p.vocab) and int(p.vocab[v]) == first:
+                        got.append((j, v))
+                        cursor[j] = v + 1
+                buf_rows, buf_tfs, buf_len = [], [], []
+                held = 0
+                for j, v in got:
+                    p = parts[j][0]
+                    for _, _, lo, hi in _pieces(p.indptr, v, v + 1, share):
+                        r, t, ln = _live_postings(p, dead[j], int(offsets[j]), lo, hi)
+                        buf_rows.append(r), buf_tfs.append(t), buf_len.append(ln)
+                        held += len(r)
+                        if held >= BATCH:
+                            r, t, ln = (np.concatenate(x) for x in (buf_rows, buf_tfs, buf_len))
+                            cut = len(r) // BLOCK * BLOCK
+                            w.terms(np.array([first]), [cut], r[:cut], t[:cut], ln[:cut])
+                            buf_rows, buf_tfs, buf_len, held = [r[cut:]], [t[cut:]], [ln[cut:]], len(r) - cut
+                r, t, ln = (np.concatenate(x) for x in (buf_rows, buf_tfs, buf_len))
+                if len(r):
+                    w.terms(np.array([first]), [len(r)], r, t, ln)
+                continue
+            hs, rs, ts, ls = [], [], [], []
+            for j, (p, _) in enumerate(parts):
+                v = cursor[j]
+                e = len(p.vocab) if bound is None else int(np.searchsorted(p.vocab, bound))
+                if e <= v:
+                    continue
+                lo, hi = int(p.indptr[v]), int(p.indptr[e])
+                r, t, ln, h = _live_postings(p, dead[j], int(offsets[j]), lo, hi, (v, e))
+                hs.append(h), rs.append(r), ts.append(t), ls.append(ln)
+                cursor[j] = e
+            if not hs:
+                continue
+            h = np.concatenate(hs)
+            order = np.argsort(h, kind="stable")  # parts in order, rows sorted within each: each term's rows sorted
+            h = h[order]
+            if not len(h):
+                continue
+            u, counts = np.unique(h, return_counts=True)
+            w.terms(u, counts, np.concatenate(rs)[order], np.concatenate(ts)[order], np.concatenate(ls)[order])
+        w.finish()
+    finally:
+        w.close()
+
+
+def _live_postings(p: Postings, dead: np.ndarray, offset: int, lo: int, hi: int, terms: tuple[int, int] | None = None):
+    """(new rows, tfs, row lengths[, term hash of each]) of postings lo:hi of p without the
+    postings of dead rows, rows renumbered past `offset` as the merged file numbers them."""
+    rows, tfs = p.span(lo, hi)
+    rows = rows.astype(np.int64)
+    lens = p.lengths[rows]
+    h = np.repeat(p.vocab[terms[0]:terms[1]], np.diff(p.indptr[terms[0]:terms[1] + 1])) if terms else None
+    if len(dead):
+        k = np.searchsorted(dead, rows)
+        keep = dead[k.clip(0, len(dead) - 1)] != rows
+        rows, tfs, lens, k = rows[keep], tfs[keep], lens[keep], k[keep]
+        h = h[keep] if h is not None else None
+        rows -= k
+    rows += offset
+    return (rows, tfs, lens, h) if terms else (rows, tfs, lens)
+
+
+class PackedPostings(Postings):
+    """The postings of a version 2 posting file, decoded per query term from the mapped file
+    (see the layout above): a whole list with a few numpy passes over reshaped views, a look-up
+    of some rows by decoding only the blocks that may hold them. `postings` and `tfs` decode the
+    whole file (for merging runs of small segments and for checks), kept once made."""
+
+    def __init__(self, a: dict, h: dict):
+        self.ids, self.lengths, self.vocab, self.indptr = a["ids"], a["lengths"], a["vocab"], a["indptr"]
+        self.total_length = float(h["total"])
+        self.bptr, self.bfirst, self.bwidth = a["bptr"], a["bfirst"], a["bwidth"]
+        self._streams = (a["g0"], a["g1"], a["g2"])
+        self._starts = (a["s0"], a["s1"], a["s2"])
+        self._tfn, self._exc_at, self._exc_tf = a["tfn"], a["exc_at"], a["exc_tf"]
+        self._blocks = (a["bptr"], a["maxtf"], a["minlen"])
+        self._all: tuple[np.ndarray, np.ndarray] | None = None
+
+    def blocks(self):
+        return self._blocks
+
+    @property
+    def postings(self) -> np.ndarray:
+        return self._whole()[0]
+
+    @property
+    def tfs(self) -> np.ndarray:
+        return self._whole()[1]
+
+    def _whole(self) -> tuple[np.ndarray, np.ndarray]:
+        if self._all is None:
+            nnz = int(self.indptr[-1]) if len(self.indptr) else 0
+            r, t = self.span(0, nnz)
+            self._all = (r.astype(np.int32), t.astype(np.int32))
+        return self._all
+
+    def _term(self, lo: int) -> int:
+        return int(np.searchsorted(self.indptr, lo, "right")) - 1
+
+    def _term_blocks(self, v: int, js: np.ndarray | None = None) -> np.ndarray:
+        """The rows of term v's blocks js (all: None) as (blocks, BLOCK) int32, a row per block;
+        the last block of a term holds fewer postings: the rest of its row is undefined."""
+        a, b = int(self.bptr[v]), int(self.bptr[v + 1])
+        k = b - a
+        rem = int(self.indptr[v + 1] - self.indptr[v]) - BLOCK * (k - 1)
+        w = self.bwidth[a:b]
+        out = np.empty((k if js is None else len(js), BLOCK), np.int32)
+        for g in range(3):
+            s0, s1 = int(self._starts[g][v]), int(self._starts[g][v + 1])
+            if s0 == s1:
+                continue
+            data = self._streams[g][s0:s1]
+            nfull = (s1 - s0) // BLOCK
+            tail = rem < BLOCK and int(w[-1]) == g  # the term's part last block is in this stream
+            full = data[: nfull * BLOCK].reshape(nfull, BLOCK)
+            if js is None:
+                if nfull == k:
+                    np.cumsum(full.astype(np.int32), axis=1, out=out)
+                    continue
+                sel = np.flatnonzero(w == g)
+                if nfull:
+                    if nfull == len(sel) - tail and sel[nfull - 1] == nfull - 1:
+                        np.cumsum(full.astype(np.int32), axis=1, out=out[:nfull])
+                    else:
+                        out[sel[:nfull]] = np.cumsum(full.astype(np.int32), axis=1)
+                last = k - 1
+            else:
+                m = w == g
+                rank = np.cumsum(m) - 1
+                sel = np.flatnonzero(m[js])
+                is_tail = (js[sel] == k - 1) & tail
+                fsel = sel[~is_tail]
+                if len(fsel):
+                    out[fsel] = np.cumsum(full[rank[js[fsel]]].astype(np.int32), axis=1)
+                if not is_tail.any():
+                    continue
+                last = len(js) - 1
+            if tail:
+                out[last, :rem] = np.cumsum(data[nfull * BLOCK:].astype(np.int32))
+        out += (self.bfirst[a:b] if js is None else self.bfirst[a + js])[:, None]
+        return out
+
+    def _tf(self, lo: int, hi: int) -> np.ndarray:
+        """The term counts of postings lo:hi as float32."""
+        byte = self._tfn[lo >> 1 : (hi + 1) >> 1]
+        nib = np.empty(2 * len(byte), np.uint8)
+        np.bitwise_and(byte, 15, out=nib[0::2])
+        np.right_shift(byte, 4, out=nib[1::2])
+        tf = nib[lo & 1 : (lo & 1) + hi - lo].astype(np.float32)
+        a, b = np.searchsorted(self._exc_at, [lo, hi])
+        if b > a:
+            tf[self._exc_at[a:b] - lo] = self._exc_tf[a:b]
+        return tf
+
+    def _tf_at(self, at: np.ndarray) -> np.ndarray:
+        """The term counts of postings `at` as float32."""
+        tf = ((self._tfn[at >> 1] >> ((at & 1) << 2).astype(np.uint8)) & 15).astype(np.float32)
+        esc = np.flatnonzero(tf == TF_ESCAPE)
+        if len(esc):
+            tf[esc] = self._exc_tf[np.searchsorted(self._exc_at, at[esc])]
+        return tf
+
+    def term_list(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+        return self._term_blocks(self._term(lo)).reshape(-1)[: hi - lo], self._tf(lo, hi)
+
+    def term_rows(self, lo: int, hi: int) -> np.ndarray:
+        return self._term_blocks(self._term(lo)).reshape(-1)[: hi - lo]
+
+    def find_in(self, lo: int, hi: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        v = self._term(lo)
+        a, b = int(self.bptr[v]), int(self.bptr[v + 1])
+        blk = np.searchsorted(self.bfirst[a:b], rows, "right") - 1  # the block that may hold each row
+        js = blk[blk >= 0]
+        if len(js) > 1:
+            js = js[np.concatenate([[True], js[1:] != js[:-1]])]
+        if 4 * len(js) >= b - a:  # most blocks: the whole list
+            flat, pos = self._term_blocks(v).reshape(-1)[: hi - lo], None
+        else:
+            flat = self._term_blocks(v, js).reshape(-1)
+            if len(js) and js[-1] == b - a - 1:
+                flat = flat[: len(flat) - BLOCK * (b - a) + (hi - lo)]
+            pos = js
+        if not len(flat):
+            return np.zeros(len(rows), bool), np.zeros(0, np.float32)
+        at = np.searchsorted(flat, rows).clip(0, len(flat) - 1)
+        ok = flat[at] == rows
+        at = at[ok]
+        if pos is not None:
+            at = pos[at // BLOCK] * BLOCK + at % BLOCK
+        return ok, self._tf_at(lo + at)
+
+    def span(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+        """(rows int64, tfs int64) of postings lo:hi, lo at a term's or a block's start,
+        however many terms they cross, decoded together (for merges and whole-file reads)."""
+        if hi <= lo:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        v0, v1 = self._term(lo), self._term(hi - 1)
+        b0 = int(self.bptr[v0]) + (lo - int(self.indptr[v0])) // BLOCK
+        b1 = int(self.bptr[v1]) + -(-(hi - int(self.indptr[v1])) // BLOCK)
+        bb0 = int(self.bptr[v0])
+        bt = np.repeat(np.arange(v0, v1 + 1), np.diff(self.bptr[v0 : v1 + 2]))  # term of each block bb0:b1
+        bt = bt[: b1 - bb0]
+        bi = np.arange(bb0, b1)
+        start_post = self.indptr[bt] + BLOCK * (bi - self.bptr[bt])
+        cnt = np.minimum(self.indptr[bt + 1] - start_post, BLOCK)
+        w = self.bwidth[bb0:b1]
+        entry = np.zeros(len(bi), np.int64)
+        for g in range(3):  # each block's first entry in its stream
+            m = (w == g).astype(np.int64)
+            ex = np.cumsum(m) - m
+            rank = ex - ex[self.bptr[bt] - bb0]
+            entry = np.where(m.astype(bool), self._starts[g][bt] + BLOCK * rank, entry)
+        keep = slice(b0 - bb0, None)
+        w, cnt, entry, first = w[keep], cnt[keep], entry[keep], self.bfirst[b0:b1].astype(np.int64)
+        n = int(cnt.sum())
+        out_start = np.concatenate([[0], np.cumsum(cnt)[:-1]])
+        gaps = np.empty(n, np.int64)
+        ar = np.arange(n) - np.repeat(out_start, cnt)
+        ew = np.repeat(w, cnt)
+        src = np.repeat(entry, cnt) + ar
+        for g in range(3):
+            m = ew == g
+            gaps[m] = self._streams[g][src[m]]
+        gaps[out_start] = 0
+        c = np.cumsum(gaps)
+        rows = c - np.repeat(c[out_start], cnt) + np.repeat(first, cnt)
+        rows = rows[: hi - lo]
+        return rows, self._tf(lo, hi).astype(np.int64)
+
+
+def open_file(path) -> Postings:
+    """The posting arrays of a posting file (either version), as views of a read-only map
+    (ValueError: not one, or damaged in its header or size)."""
+    import mmap
+    import os
+
+    with open(path, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        if size < _FILE_HEAD:
+            raise ValueError("not a posting file (too short)")
+        raw = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+    magic = raw[: len(FILE_MAGIC)]
+    if magic not in (FILE_MAGIC, FILE_MAGIC_1):
+        raise ValueError("not a posting file")
+    if raw[len(FILE_MAGIC): len(FILE_MAGIC) + 32].rstrip(b"\0").decode("ascii", "replace") != ANALYZER:
+        raise ValueError("posting file of another analyzer")
+    if hasattr(mmap, "MADV_RANDOM"):
+        raw.madvise(mmap.MADV_RANDOM)  # queries read scattered posting lists: no read-ahead around them
+    if magic == FILE_MAGIC:
+        if size < _FILE_HEAD2:
+            raise ValueError("not a posting file (too short)")
+        h = dict(zip(_HEAD2, (int(x) for x in np.frombuffer(raw, "<i8", len(_HEAD2), len(FILE_MAGIC) + 32))))
+        if min(h.values()) < 0 or h["tf_size"] not in (1, 2, 4) or h["len_int"] not in (0, 1):
+            raise ValueError("damaged posting file header")
+        offsets, dts, end = _layout2(h)
+        if size != end:
+            raise ValueError(f"posting file size {size}, its header says {end}")
+        a = {name: np.frombuffer(raw, dt, c, offsets[name]) for name, (dt, c) in dts.items()}
+        if (a["indptr"][0] != 0 or a["indptr"][-1] != h["nnz"] or a["bptr"][-1] != h["nb"]
+                or any(a[f"s{g}"][-1] != h[k] for g, k in enumerate(("n8", "n16", "n32")))):
+            raise ValueError("posting offsets out of range")
+        return PackedPostings(a, h)
+    n, v, nnz, nb, total = (int(x) for x in np.frombuffer(raw, "<i8", 5, len(FILE_MAGIC) + 32))
+    if min(n, v, nnz, nb) < 0:
+        raise ValueError("damaged posting file header")
+    counts = _file_counts(n, v, nnz, nb)
+    offsets, end = _layout(counts)
+    if size != end:
+        raise ValueError(f"posting file size {size}, its header says {end}")
+    a = {name: np.frombuffer(raw, dt, c, off) for (name, dt), c, off in zip(_FILE_ARRAYS, counts, offsets)}
+    if (v + 1 and (a["indptr"][0] != 0 or a["indptr"][-1] != nnz)) or (a["bptr"][-1] != nb):
+        raise ValueError("posting offsets out of range")
+    return Postings(a["ids"], a["lengths"], a["vocab"], a["indptr"], a["postings"], a["tfs"], float(total),
+                    (a["bptr"], a["maxtf"], a["minlen"]))
+
+
+def write_file_v1(path, p: Postings) -> None:
+    """Write posting arrays in the version 1 layout (what indexes written before version 2 hold;
+    kept to test that they open, and to measure the two layouts side by side)."""
     import os
 
     bptr, maxtf, minlen = p.blocks()
     arrays = [p.ids, p.lengths, p.vocab, p.indptr, p.postings, p.tfs, bptr, maxtf, minlen]
     counts = _file_counts(len(p.ids), len(p.vocab), len(p.postings), len(maxtf))
     offsets, _ = _layout(counts)
-    head = (FILE_MAGIC + ANALYZER.encode().ljust(32, b"\0")
+    head = (FILE_MAGIC_1 + ANALYZER.encode().ljust(32, b"\0")
             + np.array([counts[0], counts[2], counts[4], counts[7], int(p.total_length)], "<i8").tobytes())
     with open(path, "wb") as fh:
         fh.write(head)
@@ -617,37 +1164,6 @@ def write_file(path, p: Postings) -> None:
             at = off + len(data)
         fh.flush()
         os.fsync(fh.fileno())
-
-
-def open_file(path) -> Postings:
-    """The posting arrays of a posting file, as views of a read-only map (ValueError: not one,
-    or damaged in its header or size)."""
-    import mmap
-    import os
-
-    with open(path, "rb") as fh:
-        size = os.fstat(fh.fileno()).st_size
-        if size < _FILE_HEAD:
-            raise ValueError("not a posting file (too short)")
-        raw = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-    if raw[: len(FILE_MAGIC)] != FILE_MAGIC:
-        raise ValueError("not a posting file")
-    if raw[len(FILE_MAGIC): len(FILE_MAGIC) + 32].rstrip(b"\0").decode("ascii", "replace") != ANALYZER:
-        raise ValueError("posting file of another analyzer")
-    n, v, nnz, nb, total = (int(x) for x in np.frombuffer(raw, "<i8", 5, len(FILE_MAGIC) + 32))
-    if min(n, v, nnz, nb) < 0:
-        raise ValueError("damaged posting file header")
-    counts = _file_counts(n, v, nnz, nb)
-    offsets, end = _layout(counts)
-    if size != end:
-        raise ValueError(f"posting file size {size}, its header says {end}")
-    a = {name: np.frombuffer(raw, dt, c, off) for (name, dt), c, off in zip(_FILE_ARRAYS, counts, offsets)}
-    if hasattr(mmap, "MADV_RANDOM"):
-        raw.madvise(mmap.MADV_RANDOM)  # queries read scattered posting lists: no read-ahead around them
-    if (v + 1 and (a["indptr"][0] != 0 or a["indptr"][-1] != nnz)) or (a["bptr"][-1] != nb):
-        raise ValueError("posting offsets out of range")
-    return Postings(a["ids"], a["lengths"], a["vocab"], a["indptr"], a["postings"], a["tfs"], float(total),
-                    (a["bptr"], a["maxtf"], a["minlen"]))
 
 
 def file_name(docs_name: str) -> str:
