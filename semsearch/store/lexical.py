@@ -612,7 +612,7 @@ _FILE2 = (("ids", "<i8", "n"), ("lengths", "<f4", "n"), ("g0", "<u1", "n8"), ("g
           ("indptr", "<i8", "V1"), ("bptr", "<i8", "V1"), ("s0", "<i8", "V1"), ("s1", "<i8", "V1"), ("s2", "<i8", "V1"),
           ("bfirst", "<i4", "nb"), ("bwidth", "<u1", "nb"), ("maxtf", None, "nb"), ("minlen", None, "nb"))
 TF_ESCAPE = 15
-BATCH = 1 << 20  # postings encoded or merged at a time: what bounds a write's memory
+BATCH = 1 << 18  # postings encoded or merged at a time: a write's heap peaks at ~200 bytes each (~55 MB)
 
 
 def _file_counts(n: int, v: int, nnz: int, nb: int) -> list[int]:
@@ -779,10 +779,10 @@ class _Writer:
             self.fh.seek(off[name])
             if name in ("maxtf", "minlen"):  # spilled wide, kept at the width this file needs
                 wide = "<i8" if name == "maxtf" else "<f4"
-                while chunk := src.read(8 << 20):
+                while chunk := src.read(1 << 20):
                     self.fh.write(np.frombuffer(chunk, wide).astype(dts[name][0]).tobytes())
             else:
-                shutil.copyfileobj(src, self.fh, 8 << 20)
+                shutil.copyfileobj(src, self.fh, 1 << 20)
         self.fh.truncate(end)
         self.fh.seek(0)
         self.fh.write(FILE_MAGIC + ANALYZER.encode().ljust(32, b"\0") + np.array([h[k] for k in _HEAD2], "<i8").tobytes())
@@ -964,20 +964,31 @@ class PackedPostings(Postings):
         return self._all
 
     def _term(self, lo: int) -> int:
-        return int(np.searchsorted(self.indptr, lo, "right")) - 1
+        return int(self.indptr.searchsorted(lo, "right")) - 1
 
     def _term_blocks(self, v: int, js: np.ndarray | None = None) -> np.ndarray:
         """The rows of term v's blocks js (all: None) as (blocks, BLOCK) int32, a row per block;
         the last block of a term holds fewer postings: the rest of its row is undefined."""
-        a, b = int(self.bptr[v]), int(self.bptr[v + 1])
+        a, b = self.bptr[v : v + 2].tolist()
+        i0, i1 = self.indptr[v : v + 2].tolist()
         k = b - a
-        rem = int(self.indptr[v + 1] - self.indptr[v]) - BLOCK * (k - 1)
-        w = self.bwidth[a:b]
+        rem = i1 - i0 - BLOCK * (k - 1)
+        spans = [s[v : v + 2].tolist() for s in self._starts]
         out = np.empty((k if js is None else len(js), BLOCK), np.int32)
-        for g in range(3):
-            s0, s1 = int(self._starts[g][v]), int(self._starts[g][v + 1])
-            if s0 == s1:
-                continue
+        held = [g for g in range(3) if spans[g][0] != spans[g][1]]
+        if js is None and len(held) == 1:  # every block of one width (the common case): views only
+            s0, s1 = spans[held[0]]
+            data = self._streams[held[0]][s0:s1]
+            nfull = (s1 - s0) // BLOCK
+            if nfull:
+                np.cumsum(data[: nfull * BLOCK].reshape(nfull, BLOCK).astype(np.int32), axis=1, out=out[:nfull])
+            if nfull < k:
+                np.cumsum(data[nfull * BLOCK :].astype(np.int32), out=out[k - 1, :rem])
+            out += self.bfirst[a:b, None]
+            return out
+        w = self.bwidth[a:b]
+        for g in held:
+            s0, s1 = spans[g]
             data = self._streams[g][s0:s1]
             nfull = (s1 - s0) // BLOCK
             tail = rem < BLOCK and int(w[-1]) == g  # the term's part last block is in this stream
@@ -1016,7 +1027,7 @@ class PackedPostings(Postings):
         np.bitwise_and(byte, 15, out=nib[0::2])
         np.right_shift(byte, 4, out=nib[1::2])
         tf = nib[lo & 1 : (lo & 1) + hi - lo].astype(np.float32)
-        a, b = np.searchsorted(self._exc_at, [lo, hi])
+        a, b = self._exc_at.searchsorted((lo, hi)).tolist()
         if b > a:
             tf[self._exc_at[a:b] - lo] = self._exc_tf[a:b]
         return tf
@@ -1037,8 +1048,8 @@ class PackedPostings(Postings):
 
     def find_in(self, lo: int, hi: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         v = self._term(lo)
-        a, b = int(self.bptr[v]), int(self.bptr[v + 1])
-        blk = np.searchsorted(self.bfirst[a:b], rows, "right") - 1  # the block that may hold each row
+        a, b = self.bptr[v : v + 2].tolist()
+        blk = self.bfirst[a:b].searchsorted(rows, "right") - 1  # the block that may hold each row
         js = blk[blk >= 0]
         if len(js) > 1:
             js = js[np.concatenate([[True], js[1:] != js[:-1]])]
