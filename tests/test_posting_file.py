@@ -51,9 +51,11 @@ def test_version_2_holds_the_arrays_it_was_written_from(tmp_path, n):
     assert (tmp_path / "p.bin").read_bytes()[:8] == lexical.FILE_MAGIC
 
 
-def test_version_1_and_2_files_score_the_same_bit_for_bit(tmp_path, monkeypatch):
+@pytest.mark.parametrize("span", [128, 1 << 18])  # 128: lists whose blocks have several widths
+def test_version_1_and_2_files_score_the_same_bit_for_bit(tmp_path, monkeypatch, span):
     """Across segments with deletions and filters: top_k (pruned and whole), score_all,
     scores_of and explain_terms are equal whichever file version the segments were read from."""
+    monkeypatch.setattr(lexical, "SPAN", span)
     rng = np.random.default_rng(3)
     parts = [Postings.from_rows(*rows(rng, n, first, long=True)) for n, first in ((900, 0), (300, 5000), (700, 9000))]
     deleted = [np.array([0, 3, 17, 600]), None, np.arange(0, 700, 4)]
@@ -95,13 +97,14 @@ def test_damaged_headers_are_refused(tmp_path):
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(seed=st.integers(0, 2**32 - 1), batch=st.sampled_from([128, 256, 1000, 1 << 19]),
+@given(seed=st.integers(0, 2**32 - 1), batch=st.sampled_from([128, 256, 1000, 1 << 19]), span=st.sampled_from([128, 256, 1 << 18]),
        sizes=st.lists(st.integers(0, 400), min_size=1, max_size=4), data=st.data())
-def test_write_merged_is_the_file_of_the_merged_rows(tmp_path, monkeypatch, seed, batch, sizes, data):
+def test_write_merged_is_the_file_of_the_merged_rows(tmp_path, monkeypatch, seed, batch, span, sizes, data):
     """Random segments (as opened from their files, or arrays) with random deletions (none, some,
     all): write_merged's file is byte for byte write_file(Postings.from_rows(the live rows)), as
     `invert` of the merged docstore gives them; rows renumber, terms left without postings go."""
     monkeypatch.setattr(lexical, "BATCH", batch)
+    monkeypatch.setattr(lexical, "SPAN", span)  # small: long lists of several widths, written in pieces
     rng = np.random.default_rng(seed)
     parts, live_ids, live_blobs, live_lens = [], [], [], []
     first = 0

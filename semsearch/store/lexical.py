@@ -23,7 +23,8 @@ import hashlib
 import json
 import re
 import sqlite3
-from collections import Counter
+import threading
+from collections import Counter, OrderedDict
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -612,6 +613,10 @@ _FILE2 = (("ids", "<i8", "n"), ("lengths", "<f4", "n"), ("g0", "<u1", "n8"), ("g
           ("indptr", "<i8", "V1"), ("bptr", "<i8", "V1"), ("s0", "<i8", "V1"), ("s1", "<i8", "V1"), ("s2", "<i8", "V1"),
           ("bfirst", "<i4", "nb"), ("bwidth", "<u1", "nb"), ("maxtf", None, "nb"), ("minlen", None, "nb"))
 TF_ESCAPE = 15
+_NIBBLES = np.stack([np.arange(256) & 15, np.arange(256) >> 4], axis=1).astype(np.float32)  # a byte's two counts
+SPAN = 1 << 18  # a term's blocks share one width per SPAN postings (all of them, but for the longest lists)
+KEPT = 1 << 22  # postings of decoded lists a posting file keeps (rows int32: 16 MB)
+WHOLE_AT = 4  # a look-up decodes a term's whole list where it needs at least 1/WHOLE_AT of its blocks
 BATCH = 1 << 18  # postings encoded or merged at a time: a write's heap peaks at ~200 bytes each (~55 MB)
 
 
@@ -662,8 +667,9 @@ class _Writer:
         self.head = {"n": n, "V": 0, "nnz": 0, "nb": 0, "n8": 0, "n16": 0, "n32": 0, "nexc": 0, "tf_size": 1,
                      "len_int": 1, "total": 0, "spare": 0}
         self.off, _, _ = _layout2(self.head)  # ids, lengths and g0 come first: their offsets need n only
-        self.last: int | None = None  # the last term written, and whether it may go on (its postings so far fill blocks)
+        self.last: int | None = None  # the last term written, and whether it may go on (its postings so far fill spans)
         self.open_ended = False
+        self.term_at = 0  # postings of the last term written so far
         self.pending: int | None = None  # a term count's nibble waiting for its pair
         self.max_tf, self.max_len = 0, 0.0
         self.total = 0.0
@@ -692,7 +698,7 @@ class _Writer:
             return
         cont = self.last is not None and int(hashes[0]) == self.last
         if cont and not self.open_ended:
-            raise ValueError("a term goes on after a part block")
+            raise ValueError("a term goes on after a part span")
         if self.last is not None and int(hashes[0]) < self.last:
             raise ValueError("terms out of order")
         rows = np.asarray(rows, np.int64)
@@ -707,8 +713,15 @@ class _Writer:
         gaps[:1] = 0
         np.subtract(rows[1:], rows[:-1], out=gaps[1:])
         gaps[first] = 0
-        widest = np.maximum.reduceat(gaps, first)
-        width = (widest >= 1 << 8).astype(np.uint8) + (widest >= 1 << 16)
+        # one width for a term's blocks (per SPAN of its postings): a list then decodes from one
+        # stream as one reshaped view (per block it would be ~3% smaller, and slower to decode)
+        at = first - np.repeat(pstart[:-1], nbp)  # each block's first posting within its piece
+        if cont:
+            at[: nbp[0]] += self.term_at
+        unit = np.repeat(np.arange(len(counts)), nbp) * (1 << 40) + at // SPAN
+        ustart = np.flatnonzero(np.concatenate([[True], unit[1:] != unit[:-1]]))
+        widest = np.maximum.reduceat(np.maximum.reduceat(gaps, first), ustart)
+        width = np.repeat((widest >= 1 << 8).astype(np.uint8) + (widest >= 1 << 16), np.diff(np.append(ustart, total)))
         ew = np.repeat(width, cnt)
         before = {}  # per width: the stream's entries before each piece
         for g, name in enumerate(("n8", "n16", "n32")):
@@ -753,7 +766,8 @@ class _Writer:
         c["nb"] += total
         c["V"] += int(new.sum())
         self.last = int(hashes[-1])
-        self.open_ended = int(counts[-1]) % BLOCK == 0
+        self.term_at = int(counts[-1]) + (self.term_at if cont and len(counts) == 1 else 0)
+        self.open_ended = self.term_at % SPAN == 0
 
     def finish(self) -> None:
         import os
@@ -808,7 +822,7 @@ def _pieces(indptr: np.ndarray, v0: int, v1: int, batch: int) -> Iterable[tuple[
             v = e
             continue
         hi = int(indptr[v + 1])
-        step = max(batch // BLOCK, 1) * BLOCK
+        step = max(batch // SPAN, 1) * SPAN
         for a in range(lo, hi, step):
             yield v, v + 1, a, min(a + step, hi)
         v += 1
@@ -879,9 +893,9 @@ def write_merged(path, parts: Sequence[tuple[Postings, np.ndarray]]) -> None:
                         r, t, ln = _live_postings(p, dead[j], int(offsets[j]), lo, hi)
                         buf_rows.append(r), buf_tfs.append(t), buf_len.append(ln)
                         held += len(r)
-                        if held >= BATCH:
+                        if held >= max(BATCH, SPAN):
                             r, t, ln = (np.concatenate(x) for x in (buf_rows, buf_tfs, buf_len))
-                            cut = len(r) // BLOCK * BLOCK
+                            cut = len(r) // SPAN * SPAN
                             w.terms(np.array([first]), [cut], r[:cut], t[:cut], ln[:cut])
                             buf_rows, buf_tfs, buf_len, held = [r[cut:]], [t[cut:]], [ln[cut:]], len(r) - cut
                 r, t, ln = (np.concatenate(x) for x in (buf_rows, buf_tfs, buf_len))
@@ -944,6 +958,35 @@ class PackedPostings(Postings):
         self._tfn, self._exc_at, self._exc_tf = a["tfn"], a["exc_at"], a["exc_tf"]
         self._blocks = (a["bptr"], a["maxtf"], a["minlen"])
         self._all: tuple[np.ndarray, np.ndarray] | None = None
+        self._recent: OrderedDict[int, np.ndarray] = OrderedDict()  # term -> its decoded rows (read-only)
+        self._recent_n = 0
+        self._lock = threading.Lock()
+
+    def forget(self) -> None:
+        """Drop the decoded lists kept (for measurements of a query on its own)."""
+        with self._lock:
+            self._recent.clear()
+            self._recent_n = 0
+
+    def _list(self, v: int, n: int) -> np.ndarray:
+        """Term v's rows (its n postings), decoded whole. The lists decoded last are kept, up to
+        KEPT postings (16 MB): a pruned query reads each term at least twice (its pruning, then
+        its exact sum), and queries share terms."""
+        with self._lock:
+            got = self._recent.get(v)
+            if got is not None:
+                self._recent.move_to_end(v)
+                return got
+        rows = self._term_blocks(v).reshape(-1)[:n]
+        rows.flags.writeable = False
+        if n <= KEPT // 8:
+            with self._lock:
+                if v not in self._recent:
+                    self._recent[v] = rows
+                    self._recent_n += n
+                while self._recent_n > KEPT:
+                    self._recent_n -= len(self._recent.popitem(last=False)[1])
+        return rows
 
     def blocks(self):
         return self._blocks
@@ -976,15 +1019,26 @@ class PackedPostings(Postings):
         spans = [s[v : v + 2].tolist() for s in self._starts]
         out = np.empty((k if js is None else len(js), BLOCK), np.int32)
         held = [g for g in range(3) if spans[g][0] != spans[g][1]]
-        if js is None and len(held) == 1:  # every block of one width (the common case): views only
+        if len(held) == 1:  # every block of one width (all but the longest lists): views only
             s0, s1 = spans[held[0]]
             data = self._streams[held[0]][s0:s1]
             nfull = (s1 - s0) // BLOCK
-            if nfull:
-                np.cumsum(data[: nfull * BLOCK].reshape(nfull, BLOCK).astype(np.int32), axis=1, out=out[:nfull])
-            if nfull < k:
-                np.cumsum(data[nfull * BLOCK :].astype(np.int32), out=out[k - 1, :rem])
-            out += self.bfirst[a:b, None]
+            full = data[: nfull * BLOCK].reshape(nfull, BLOCK)
+            if js is None:  # the blocks' gaps are consecutive: one cumulative sum over them, padded
+                if nfull < k:
+                    out[k - 1, rem:] = 0
+                out.reshape(-1)[: len(data)] = data
+                out.cumsum(axis=1, out=out)
+                out += self.bfirst[a:b, None]
+                return out
+            else:
+                m = len(js) - (nfull < k and len(js) > 0 and int(js[-1]) == k - 1)
+                if m:
+                    np.cumsum(full[js[:m]].astype(np.int32), axis=1, out=out[:m])
+                last = len(js) - 1 if m < len(js) else -1
+            if nfull < k and last >= 0:
+                np.cumsum(data[nfull * BLOCK :].astype(np.int32), out=out[last, :rem])
+            out += (self.bfirst[a:b] if js is None else self.bfirst[a + js])[:, None]
             return out
         w = self.bwidth[a:b]
         for g in held:
@@ -1022,11 +1076,7 @@ class PackedPostings(Postings):
 
     def _tf(self, lo: int, hi: int) -> np.ndarray:
         """The term counts of postings lo:hi as float32."""
-        byte = self._tfn[lo >> 1 : (hi + 1) >> 1]
-        nib = np.empty(2 * len(byte), np.uint8)
-        np.bitwise_and(byte, 15, out=nib[0::2])
-        np.right_shift(byte, 4, out=nib[1::2])
-        tf = nib[lo & 1 : (lo & 1) + hi - lo].astype(np.float32)
+        tf = _NIBBLES.take(self._tfn[lo >> 1 : (hi + 1) >> 1], axis=0).reshape(-1)[lo & 1 : (lo & 1) + hi - lo]
         a, b = self._exc_at.searchsorted((lo, hi)).tolist()
         if b > a:
             tf[self._exc_at[a:b] - lo] = self._exc_tf[a:b]
@@ -1041,21 +1091,22 @@ class PackedPostings(Postings):
         return tf
 
     def term_list(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
-        return self._term_blocks(self._term(lo)).reshape(-1)[: hi - lo], self._tf(lo, hi)
+        return self._list(self._term(lo), hi - lo), self._tf(lo, hi)
 
     def term_rows(self, lo: int, hi: int) -> np.ndarray:
-        return self._term_blocks(self._term(lo)).reshape(-1)[: hi - lo]
+        return self._list(self._term(lo), hi - lo)
 
     def find_in(self, lo: int, hi: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         v = self._term(lo)
         a, b = self.bptr[v : v + 2].tolist()
-        blk = self.bfirst[a:b].searchsorted(rows, "right") - 1  # the block that may hold each row
-        js = blk[blk >= 0]
-        if len(js) > 1:
-            js = js[np.concatenate([[True], js[1:] != js[:-1]])]
-        if 4 * len(js) >= b - a:  # most blocks: the whole list
-            flat, pos = self._term_blocks(v).reshape(-1)[: hi - lo], None
+        pos = None
+        if WHOLE_AT * len(rows) >= b - a or v in self._recent:  # rows enough for many of the blocks: the whole list
+            flat = self._list(v, hi - lo)
         else:
+            blk = self.bfirst[a:b].searchsorted(rows, "right") - 1  # the block that may hold each row
+            js = blk[blk >= 0]
+            if len(js) > 1:
+                js = js[np.concatenate([[True], js[1:] != js[:-1]])]
             flat = self._term_blocks(v, js).reshape(-1)
             if len(js) and js[-1] == b - a - 1:
                 flat = flat[: len(flat) - BLOCK * (b - a) + (hi - lo)]
