@@ -587,17 +587,19 @@ def invert(db: sqlite3.Connection) -> Postings:
 # every data file. Written by hand, not .npz: numpy's .npy header parser is not safe from several
 # threads on CPython 3.11 (python/cpython#106905).
 #
-# Version 2 (written): a posting costs ~2.3 bytes instead of 8 (1.17 GB -> ~0.34 GB at 1M chunks of
-# 200 words). Per block of BLOCK postings of a term: its first row (i4), the gaps between its rows
-# at the narrowest of 1, 2 or 4 bytes that holds them all (the block's width, u1), kept in three
-# streams by width (a term's blocks of one width are consecutive in their stream, so a list decodes
-# as a few reshaped views: astype, cumsum along the block, plus the first rows); term counts as
-# 4-bit nibbles, 15 marking an exception kept exactly beside (posting number, tf); and the pruning
-# bounds per block (largest tf, u1/u2/u4 as the file's largest needs; shortest row, u2 where every
-# length is an integer below 65,536, else f4). Bit-packing at each block's width (Lucene's,
-# tantivy's) measured ~25% smaller still but decoding with numpy cost 2-3x the exhaustive scorer's
-# time, against ~10-30% for these byte widths (docs/benchmarks.md). Header: MAGIC (8 bytes), the analyzer
-# name (32, NUL-padded), then int64 counts (_HEAD2); arrays in the order of _FILE2.
+# Version 2 (written): ~2.4 bytes a posting instead of 8 (1,168 MB -> 354 MB at 1M chunks of 200
+# words). Per block of BLOCK postings of a term: its first row (i4) and the gaps between its rows,
+# at the narrowest of 1, 2 or 4 bytes that holds every gap of the term (of each SPAN of its
+# postings for the longest lists; the width is recorded per block), in three streams by width, so a
+# list is one reshaped view of one stream: cast, cumulative sum along each block, plus the blocks'
+# first rows (no Python loop per block). Term counts as 4-bit nibbles, 15 marking an exception
+# kept exactly beside (posting number, tf). The pruning bounds per block: largest tf (u1/u2/u4, as
+# the file's largest needs), shortest row (u2 where every one is an integer below 65,536, else f4).
+# A look-up of some rows decodes only the blocks that may hold them (binary search in the blocks'
+# first rows). Bit-packing at each block's bit width (Lucene's, tantivy's) measured ~25% smaller
+# rows, but its decoding with numpy (a gather and shifts per posting) made the exhaustive scorer
+# ~3x slower, against ~1.1x here (docs/benchmarks.md). Header: MAGIC (8 bytes), the analyzer name
+# (32, NUL-padded), then int64 counts (_HEAD2); arrays in the order of _FILE2.
 # Version 1 (read): ids, lengths, vocab, indptr, postings (i4), tfs (i4), bptr, block max tf (f4),
 # block min length (f4), after counts n, V, nnz, nb and the total length.
 FILE_MAGIC = b"SSLEX\x00\x02\x00"
@@ -609,11 +611,10 @@ _HEAD2 = ("n", "V", "nnz", "nb", "total", "n8", "n16", "n32", "nexc", "tf_size",
 _FILE_HEAD2 = len(FILE_MAGIC) + 32 + 8 * len(_HEAD2)
 _GAPS = ("<u1", "<u2", "<u4")  # block widths 0, 1, 2
 _FILE2 = (("ids", "<i8", "n"), ("lengths", "<f4", "n"), ("g0", "<u1", "n8"), ("g1", "<u2", "n16"), ("g2", "<u4", "n32"),
-          ("tfn", "<u1", "nib"), ("exc_at", "<i8", "nexc"), ("exc_tf", "<i4", "nexc"), ("vocab", "<i8", "V"),
+          ("tfs", "<u1", "nnz"), ("exc_at", "<i8", "nexc"), ("exc_tf", "<i4", "nexc"), ("vocab", "<i8", "V"),
           ("indptr", "<i8", "V1"), ("bptr", "<i8", "V1"), ("s0", "<i8", "V1"), ("s1", "<i8", "V1"), ("s2", "<i8", "V1"),
           ("bfirst", "<i4", "nb"), ("bwidth", "<u1", "nb"), ("maxtf", None, "nb"), ("minlen", None, "nb"))
-TF_ESCAPE = 15
-_NIBBLES = np.stack([np.arange(256) & 15, np.arange(256) >> 4], axis=1).astype(np.float32)  # a byte's two counts
+TF_ESCAPE = 255
 SPAN = 1 << 18  # a term's blocks share one width per SPAN postings (all of them, but for the longest lists)
 KEPT = 1 << 22  # postings of decoded lists a posting file keeps (rows int32: 16 MB)
 WHOLE_AT = 4  # a look-up decodes a term's whole list where it needs at least 1/WHOLE_AT of its blocks
@@ -635,7 +636,7 @@ def _layout(counts: list[int]) -> tuple[list[int], int]:
 
 def _layout2(h: dict) -> tuple[dict, dict, int]:
     """(offset, dtype) of each array of a version 2 file with header values h, and its size."""
-    counts = dict(h, V1=h["V"] + 1, nib=(h["nnz"] + 1) // 2)
+    counts = dict(h, V1=h["V"] + 1)
     dts = {name: dt for name, dt, _ in _FILE2}
     dts["maxtf"] = {1: "<u1", 2: "<u2", 4: "<u4"}[h["tf_size"]]
     dts["minlen"] = "<u2" if h["len_int"] else "<f4"
@@ -653,7 +654,7 @@ class _Writer:
     stream of width 0 goes straight into place; the other arrays, whose offsets depend on counts
     known only at the end, go to unnamed temporary files and are copied in after."""
 
-    _SPILLED = ("g1", "g2", "tfn", "exc_at", "exc_tf", "vocab", "indptr", "bptr", "s0", "s1", "s2", "bfirst", "bwidth",
+    _SPILLED = ("g1", "g2", "tfs", "exc_at", "exc_tf", "vocab", "indptr", "bptr", "s0", "s1", "s2", "bfirst", "bwidth",
                 "maxtf", "minlen")
 
     def __init__(self, path, n: int):
@@ -670,7 +671,6 @@ class _Writer:
         self.last: int | None = None  # the last term written, and whether it may go on (its postings so far fill spans)
         self.open_ended = False
         self.term_at = 0  # postings of the last term written so far
-        self.pending: int | None = None  # a term count's nibble waiting for its pair
         self.max_tf, self.max_len = 0, 0.0
         self.total = 0.0
 
@@ -750,18 +750,12 @@ class _Writer:
         self.max_tf = max(self.max_tf, int(maxtf.max()))
         if self.head["len_int"] and not (np.all(minlen == np.floor(minlen)) and float(minlen.max()) < 1 << 16 and float(minlen.min()) >= 0):
             self.head["len_int"] = 0
-        # term counts: nibbles, pairs in posting order across calls
-        nib = np.minimum(tfs, TF_ESCAPE).astype(np.uint8)
+        # term counts: a byte each, TF_ESCAPE marking one kept exactly beside
         esc = np.flatnonzero(tfs >= TF_ESCAPE)
         self._put("exc_at", c["nnz"] + esc, "<i8")
         self._put("exc_tf", tfs[esc], "<i4")
         c["nexc"] += len(esc)
-        if self.pending is not None:
-            nib = np.concatenate([[self.pending], nib]).astype(np.uint8)
-            self.pending = None
-        if len(nib) % 2:
-            self.pending, nib = int(nib[-1]), nib[:-1]
-        self._put("tfn", nib[0::2] | (nib[1::2] << 4), "<u1")
+        self._put("tfs", np.minimum(tfs, TF_ESCAPE), "<u1")
         c["nnz"] += len(rows)
         c["nb"] += total
         c["V"] += int(new.sum())
@@ -776,8 +770,6 @@ class _Writer:
         c, h = self.c, self.head
         if c["rows"] != self.n:
             raise ValueError("rows missing")
-        if self.pending is not None:
-            self._put("tfn", np.array([self.pending]), "<u1")
         self._put("indptr", [c["nnz"]], "<i8")
         self._put("bptr", [c["nb"]], "<i8")
         for g, name in enumerate(("n8", "n16", "n32")):
@@ -955,7 +947,7 @@ class PackedPostings(Postings):
         self.bptr, self.bfirst, self.bwidth = a["bptr"], a["bfirst"], a["bwidth"]
         self._streams = (a["g0"], a["g1"], a["g2"])
         self._starts = (a["s0"], a["s1"], a["s2"])
-        self._tfn, self._exc_at, self._exc_tf = a["tfn"], a["exc_at"], a["exc_tf"]
+        self._tfb, self._exc_at, self._exc_tf = a["tfs"], a["exc_at"], a["exc_tf"]
         self._blocks = (a["bptr"], a["maxtf"], a["minlen"])
         self._all: tuple[np.ndarray, np.ndarray] | None = None
         self._recent: OrderedDict[int, np.ndarray] = OrderedDict()  # term -> its decoded rows (read-only)
@@ -1076,7 +1068,7 @@ class PackedPostings(Postings):
 
     def _tf(self, lo: int, hi: int) -> np.ndarray:
         """The term counts of postings lo:hi as float32."""
-        tf = _NIBBLES.take(self._tfn[lo >> 1 : (hi + 1) >> 1], axis=0).reshape(-1)[lo & 1 : (lo & 1) + hi - lo]
+        tf = self._tfb[lo:hi].astype(np.float32)
         a, b = self._exc_at.searchsorted((lo, hi)).tolist()
         if b > a:
             tf[self._exc_at[a:b] - lo] = self._exc_tf[a:b]
@@ -1084,7 +1076,7 @@ class PackedPostings(Postings):
 
     def _tf_at(self, at: np.ndarray) -> np.ndarray:
         """The term counts of postings `at` as float32."""
-        tf = ((self._tfn[at >> 1] >> ((at & 1) << 2).astype(np.uint8)) & 15).astype(np.float32)
+        tf = self._tfb[at].astype(np.float32)
         esc = np.flatnonzero(tf == TF_ESCAPE)
         if len(esc):
             tf[esc] = self._exc_tf[np.searchsorted(self._exc_at, at[esc])]
