@@ -19,6 +19,9 @@ Per size, each step in its own child process (so its memory is its own):
 --baseline-ref REF: the same on the code of commit REF (a git worktree under /tmp), e.g. the last
 commit of the previous index format, at --baseline-sizes, in the same run. The CPU's flags and
 the load average are printed with the figures.
+--memory-limit 1G: the measuring child runs in a memory cgroup (v1) of that limit, which counts
+the page cache of the mapped files too: the kernel must take pages back for the queries to go on,
+so the figures show what the index needs resident, not what an idle page cache kept of it.
 """
 from __future__ import annotations
 
@@ -78,8 +81,30 @@ def child_build(corpus: Path, index: Path) -> dict:
     return {"seconds": time.perf_counter() - t, "encode_seconds": enc.seconds}
 
 
+def memory_cgroup(limit: int) -> Path:
+    """A child memory cgroup (v1) of this process's own, limited to `limit` bytes (page cache
+    included); SystemExit where the machine has none to make."""
+    line = next((x for x in Path("/proc/self/cgroup").read_text().splitlines() if x.split(":")[1] == "memory"), None)
+    if line is None:
+        raise SystemExit("--memory-limit: no memory cgroup (v1) here")
+    group = Path("/sys/fs/cgroup/memory") / line.split(":", 2)[2].lstrip("/") / f"bench-scale-{os.getpid()}"
+    try:
+        group.mkdir(exist_ok=True)
+        (group / "memory.limit_in_bytes").write_text(str(limit))
+    except OSError as e:
+        raise SystemExit(f"--memory-limit: cannot make a memory cgroup ({e})") from e
+    import atexit
+
+    atexit.register(lambda: group.rmdir() if group.exists() else None)  # empty once the children are gone
+    return group
+
+
 def child_measure(index: Path, queries: int) -> dict:
     from synthetic import Corpus, StandInEncoder
+
+    group = os.environ.get("BENCH_CGROUP")
+    if group:  # the whole measurement inside the limit (its peak usage is reported)
+        (Path(group) / "cgroup.procs").write_text(str(os.getpid()))
 
     import faiss  # noqa: F401  (its own pages are not the index's)
     from semsearch.search import Retriever
@@ -127,6 +152,10 @@ def child_measure(index: Path, queries: int) -> dict:
     out["index"] = {k: r.manifest.index.get(k) for k in ("type", "params", "recall")}
     out["segments"] = len(r.manifest.segments)
     out["chunks"] = int(r.manifest.counts.get("chunks", 0))
+    if group:
+        out["cgroup_limit"] = int((Path(group) / "memory.limit_in_bytes").read_text())
+        out["cgroup_peak"] = int((Path(group) / "memory.max_usage_in_bytes").read_text())
+        out["cgroup_failcnt"] = int((Path(group) / "memory.failcnt").read_text())
     r.close()
     # one-document writes
     from semsearch.documents import Document, delete_documents, upsert_documents
@@ -141,11 +170,13 @@ def child_measure(index: Path, queries: int) -> dict:
 
 
 # ---- the parent ------------------------------------------------------------------------------------
-def run_child_peak(step: str, args: list[str], pythonpath: str | None = None) -> dict:
+def run_child_peak(step: str, args: list[str], pythonpath: str | None = None, cgroup: Path | None = None) -> dict:
     """run_child, with the child's peak RSS (ru_maxrss from wait4)."""
     env = dict(os.environ)
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
+    if cgroup is not None:
+        env["BENCH_CGROUP"] = str(cgroup)
     proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--child", step, *args],
                             stdout=subprocess.PIPE, env=env, text=True)
     out = proc.stdout.read()
@@ -183,6 +214,14 @@ def report(label: str, n: int, b: dict, m: dict) -> None:
     print(f"recall@10    {m['recall@10']:.3f} (dense, 200 queries, against exact search; index {m['index']})")
     for w in ("upsert", "delete"):
         print(f"{w:<12} {m[w]['ms']:.0f} ms, {m[w]['bytes'] / 1e6:.2f} MB written")
+    if "cgroup_limit" in m:
+        print(f"memory cgroup: limit {gb(m['cgroup_limit']):.2f} GB (page cache included), peak {gb(m['cgroup_peak']):.2f} GB, "
+              f"{m['cgroup_failcnt']} times at the limit (pages taken back)")
+
+
+def _bytes(text: str) -> int:
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    return int(float(text[:-1]) * units[text[-1].upper()]) if text[-1].upper() in units else int(text)
 
 
 def main() -> None:
@@ -193,6 +232,7 @@ def main() -> None:
     ap.add_argument("--baseline-ref")
     ap.add_argument("--baseline-sizes", default="1000000")
     ap.add_argument("--measure-only", type=Path)
+    ap.add_argument("--memory-limit", help="measure inside a memory cgroup of this size (page cache included), e.g. 1G")
     ap.add_argument("--child")
     ap.add_argument("rest", nargs="*")
     a = ap.parse_args()
@@ -202,8 +242,9 @@ def main() -> None:
     if a.child == "measure":
         print(json.dumps(child_measure(Path(a.rest[0]), int(a.rest[1]))))
         return
+    cgroup = memory_cgroup(_bytes(a.memory_limit)) if a.memory_limit else None
     if a.measure_only:  # measure a built index again (e.g. on a quiet machine): --measure-only DIR
-        m = run_child_peak("measure", [str(a.measure_only), str(a.queries)])
+        m = run_child_peak("measure", [str(a.measure_only), str(a.queries)], cgroup=cgroup)
         n = m.get("chunks") or 0
         report(f"measured again: {a.measure_only}", n or 1, None, m)
         return
@@ -219,7 +260,7 @@ def main() -> None:
         shutil.rmtree(index, ignore_errors=True)
         print(f"{label}: building {n:,} chunks ...", flush=True)
         b = run_child_peak("build", [str(corpus), str(index)], path)
-        m = run_child_peak("measure", [str(index), str(a.queries)], path)
+        m = run_child_peak("measure", [str(index), str(a.queries)], path, cgroup)
         report(label, n, b, m)
         results[f"{label} {n}"] = {"build": b, "measure": m}
         print(f"load average {os.getloadavg()[0]:.2f}", flush=True)

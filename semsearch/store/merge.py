@@ -12,7 +12,8 @@ segments are merged, so segments keep disjoint, increasing id ranges.
 A merge copies the live rows (texts, metadata, lexical terms, kept-state references; ids
 unchanged) through SQLite, streams the live rows of the segments' vector files into the merged
 segment's vector file, builds its vector index from that file (no re-encoding; memory holds the
-index, a training sample and one batch), and is published with the write that asked for it, in
+index, a training sample and one batch), merges the segments' posting files term range by term
+range (store/lexical.py write_merged: bounded memory too), and is published with the write that asked for it, in
 one manifest rename.
 """
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from semsearch.store import vecfile
+from semsearch.store import lexical, vecfile
 from semsearch.store.docstore import DocStore
 from semsearch.store.files import fsync_file
 from semsearch.store.segments import Tombstones, segment_entry
@@ -142,10 +143,12 @@ def merge(folder: Path, group: list[dict], seg_id: int, dim: int, manifest) -> d
     store = DocStore(folder / docs_file, unpublished=True)  # fsynced before the manifest names it
     try:
         states: set[str] = set()
+        deads = []
         for e in group:
             dead = Tombstones.load(folder / e["deletes"]) if e.get("deletes") else Tombstones()
             copy_live(store.db, folder / e["docs"], dead)
             states |= set(e.get("states") or [])
+            deads.append(dead)
         counts = store.counts()
         if any("states" not in e for e in group):
             states = store.state_files()
@@ -154,7 +157,11 @@ def merge(folder: Path, group: list[dict], seg_id: int, dim: int, manifest) -> d
         requested = index.get("requested", index.get("type", "auto")) if index.get("forced") else "auto"
         target = (index.get("recall") or {}).get("target", 0.95)
         vi, entry = build_vectors(vecs, dim, requested, counts["chunks"], target, params=index.get("params"))
-        store.write_lexical()
+        if all(e.get("postings") for e in group):  # merged from the posting files: bounded memory
+            lexical.write_merged(folder / lexical.file_name(docs_file),
+                                 [(lexical.open_file(folder / e["postings"]), np.sort(d.chunks)) for e, d in zip(group, deads)])
+        else:  # a segment from before posting files: its terms inverted again
+            store.write_lexical()
         store.commit()
         vi.save(folder / vectors_file)
         for name in (docs_file, vectors_file):

@@ -301,8 +301,9 @@ class VectorIndex:
         store = batches if hasattr(batches, "matrix") else None
         if store is not None and vi.external_refine:
             vi.refine = store  # re-ranking reads the store itself: no second copy
-        if kind in IVF_TYPES:
-            vi.train(store.sample(train_sample, seed)[1], gpu=device == "cuda")
+        if kind in IVF_TYPES:  # at least the ~39 points a list faiss's k-means asks for (1.6 M at 40k lists)
+            need = max(train_sample, 39 * int(vi.params.get("nlist", 1)))
+            vi.train(store.sample(need, seed)[1], gpu=device == "cuda")
         if vi.device == "cuda":
             vi._searcher()  # adds go to the GPU mirror (or the CPU, where the copy failed)
         if vi.device == "cuda":
