@@ -82,8 +82,10 @@ def _segments(m) -> str:
     live = [e["live"] for e in m.segments]
     dead = sum(e["rows"] - e["live"] for e in m.segments)
     shown = ", ".join(map(str, live[:8])) + (", ..." if len(live) > 8 else "")
+    older = sum(1 for e in m.segments if not e.get("vecs") and e["rows"])
     return (f"{len(live)} ({shown} live chunks" + (f"; {dead} deleted, not yet merged away" if dead else "") + ")"
-            + ("; `semsearch compact` merges them" if len(live) > 1 else ""))
+            + (f"; {older} written before format 4 (a second copy of their vectors in their docstores)" if older else "")
+            + ("; `semsearch compact` merges them" if len(live) > 1 else "; `semsearch compact` rewrites it" if older else ""))
 
 
 def eval_report(report: dict) -> str:

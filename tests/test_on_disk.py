@@ -91,6 +91,10 @@ def test_a_format_3_index_answers_and_its_next_writes_store_vectors_once(tmp_pat
     _as_format_3(idx)
     assert json.loads((idx / "manifest.json").read_text())["format_version"] == 3
     assert answers() == want  # vectors read from the docstore
+    from semsearch.formatting import _segments
+    from semsearch.store import Manifest
+
+    assert "1 written before format 4" in _segments(Manifest.load(idx)) and "compact` rewrites it" in _segments(Manifest.load(idx))
     r = Retriever.load(idx, encoder=FakeEncoder())
     some = [h.id for h in r.search(queries[0], k=3, mode="dense")]
     ids, vecs = r.docs.get_vectors(some)
@@ -102,7 +106,7 @@ def test_a_format_3_index_answers_and_its_next_writes_store_vectors_once(tmp_pat
     compact(idx)
     m = json.loads((idx / "manifest.json").read_text())
     [seg] = m["segments"]
-    assert seg["vecs"] == f"vectors.{seg['id']}.vec"
+    assert seg["vecs"] == f"vectors.{seg['id']}.vec" and "format 4" not in _segments(Manifest.load(idx))
     db = sqlite3.connect(idx / seg["docs"])
     assert db.execute("SELECT COUNT(*) FROM chunks WHERE vector IS NOT NULL").fetchone()[0] == 0
     db.close()
