@@ -587,19 +587,24 @@ def invert(db: sqlite3.Connection) -> Postings:
 # every data file. Written by hand, not .npz: numpy's .npy header parser is not safe from several
 # threads on CPython 3.11 (python/cpython#106905).
 #
-# Version 2 (written): ~2.4 bytes a posting instead of 8 (1,168 MB -> 354 MB at 1M chunks of 200
+# Version 2 (written): ~2.9 bytes a posting instead of 8 (1,168 MB -> 421 MB at 1M chunks of 200
 # words). Per block of BLOCK postings of a term: its first row (i4) and the gaps between its rows,
 # at the narrowest of 1, 2 or 4 bytes that holds every gap of the term (of each SPAN of its
 # postings for the longest lists; the width is recorded per block), in three streams by width, so a
 # list is one reshaped view of one stream: cast, cumulative sum along each block, plus the blocks'
-# first rows (no Python loop per block). Term counts as 4-bit nibbles, 15 marking an exception
-# kept exactly beside (posting number, tf). The pruning bounds per block: largest tf (u1/u2/u4, as
-# the file's largest needs), shortest row (u2 where every one is an integer below 65,536, else f4).
+# first rows (no Python loop per block). Term counts a byte each, 255 marking an exception kept
+# exactly beside (posting number, tf). The pruning bounds per block: largest tf (u1/u2/u4, as the
+# file's largest needs), shortest row (u2 where every one is an integer below 65,536, else f4).
 # A look-up of some rows decodes only the blocks that may hold them (binary search in the blocks'
-# first rows). Bit-packing at each block's bit width (Lucene's, tantivy's) measured ~25% smaller
-# rows, but its decoding with numpy (a gather and shifts per posting) made the exhaustive scorer
-# ~3x slower, against ~1.1x here (docs/benchmarks.md). Header: MAGIC (8 bytes), the analyzer name
-# (32, NUL-padded), then int64 counts (_HEAD2); arrays in the order of _FILE2.
+# first rows). Measured against lighter and heavier schemes (docs/benchmarks.md): bit-packing at
+# each block's bit width (Lucene's, tantivy's) stores the rows in 182 MB instead of 251, but
+# decoding it with numpy (a gather and shifts per posting) made the exhaustive scorer ~3x slower;
+# term counts as 4-bit nibbles saved 66 MB and cost ~35% of the pruned p50 (this: ~10%).
+# Why by hand: integer codecs for postings (FastPFor, StreamVByte) have Python bindings last
+# released in 2023 and 2019, built from source; general compressors (Blosc2, numcodecs) compress
+# chunks of bytes that a look-up of a few blocks would have to inflate whole. This layout is numpy
+# views over the map. Header: MAGIC (8 bytes), the analyzer name (32, NUL-padded), then int64
+# counts (_HEAD2); arrays in the order of _FILE2.
 # Version 1 (read): ids, lengths, vocab, indptr, postings (i4), tfs (i4), bptr, block max tf (f4),
 # block min length (f4), after counts n, V, nnz, nb and the total length.
 FILE_MAGIC = b"SSLEX\x00\x02\x00"
@@ -618,7 +623,7 @@ TF_ESCAPE = 255
 SPAN = 1 << 18  # a term's blocks share one width per SPAN postings (all of them, but for the longest lists)
 KEPT = 1 << 22  # postings of decoded lists a posting file keeps (rows int32: 16 MB)
 WHOLE_AT = 4  # a look-up decodes a term's whole list where it needs at least 1/WHOLE_AT of its blocks
-BATCH = 1 << 18  # postings encoded or merged at a time: a write's heap peaks at ~200 bytes each (~55 MB)
+BATCH = 1 << 18  # postings encoded or merged at a time: what bounds a write's heap (a merge of 17M postings: 18.5 MB)
 
 
 def _file_counts(n: int, v: int, nnz: int, nb: int) -> list[int]:
