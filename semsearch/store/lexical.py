@@ -888,7 +888,9 @@ def write_merged(path, parts: Sequence[tuple[Postings, np.ndarray]]) -> None:
                     p = parts[j][0]
                     for _, _, lo, hi in _pieces(p.indptr, v, v + 1, share):
                         r, t, ln = _live_postings(p, dead[j], int(offsets[j]), lo, hi)
-                        buf_rows.append(r), buf_tfs.append(t), buf_len.append(ln)
+                        buf_rows.append(r)
+                        buf_tfs.append(t)
+                        buf_len.append(ln)
                         held += len(r)
                         if held >= max(BATCH, SPAN):
                             r, t, ln = (np.concatenate(x) for x in (buf_rows, buf_tfs, buf_len))
@@ -907,14 +909,15 @@ def write_merged(path, parts: Sequence[tuple[Postings, np.ndarray]]) -> None:
                     continue
                 lo, hi = int(p.indptr[v]), int(p.indptr[e])
                 r, t, ln, h = _live_postings(p, dead[j], int(offsets[j]), lo, hi, (v, e))
-                hs.append(h), rs.append(r), ts.append(t), ls.append(ln)
+                for out, x in zip((hs, rs, ts, ls), (h, r, t, ln)):
+                    out.append(x)
                 cursor[j] = e
             if not hs:
                 continue
             h = np.concatenate(hs)
             order = np.argsort(h, kind="stable")  # parts in order, rows sorted within each: each term's rows sorted
             h = h[order]
-            if not len(h):
+            if not len(h):  # every posting of these terms was deleted
                 continue
             u, counts = np.unique(h, return_counts=True)
             w.terms(u, counts, np.concatenate(rs)[order], np.concatenate(ts)[order], np.concatenate(ls)[order])
