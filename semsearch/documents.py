@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from semsearch.corpus.chunking import ChunkSettings, chunk_text, line_of
+from semsearch.corpus.titles import embedding_text
 from semsearch.encoder.tokens import token_table
 from semsearch.errors import DocumentNotFound, IndexFormatError, InputError, SettingsMismatch
 from semsearch.limits import check_depth, check_encodable
@@ -104,7 +105,7 @@ def _digest(d: Document) -> str:
 def _check_encoder(base: Manifest, encoder, folder: Path) -> None:
     from semsearch.indexing import check_settings
 
-    if check_settings(base, encoder, ChunkSettings(**base.chunking), folder):
+    if check_settings(base, encoder, ChunkSettings.of_index(base.chunking), folder):
         raise SettingsMismatch(f"{folder} was built with pooling {base.pooling!r}; documents must be encoded with it, not {encoder.pooling!r}")
 
 
@@ -131,7 +132,7 @@ def upsert_documents(folder: str | Path, docs: Iterable[Document], encoder, flus
     _check(docs)
     base = Manifest.load(folder)
     _check_encoder(base, encoder, folder)
-    chunking = ChunkSettings(**base.chunking)
+    chunking = ChunkSettings.of_index(base.chunking)
     report = WriteReport()
     held = _stored_hashes(folder, base, [doc_path(d.id) for d in docs])
     if held is not None and all(held.get(doc_path(d.id)) == _digest(d) for d in docs):
@@ -147,7 +148,9 @@ def upsert_documents(folder: str | Path, docs: Iterable[Document], encoder, flus
         def flush() -> None:
             if not pending:
                 return
-            texts = [c.text for c in pending]
+            # as the index encodes a chunk: its context (none for an API document: its metadata is
+            # the caller's, semsearch/corpus/titles.py), then its text
+            texts = [embedding_text(c.context, c.text) for c in pending]
             if base.states:  # the index keeps token states for re-pooling: so must these chunks
                 vecs, states = encoder.encode_with_states(texts, progress=False)
                 for c, st, tb in zip(pending, states, token_table(encoder, texts)):

@@ -36,6 +36,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from semsearch import fusion as fusion_
+from semsearch.corpus.titles import chunk_context, embedding_text, prefix_length
 from semsearch.encoder.tokens import encoding_table
 from semsearch.store import kept as kept_
 from semsearch.store import lexical as lexical_
@@ -48,17 +49,20 @@ TOP_SPANS = 5  # spans highlighted by format_explanation
 # ---- token states of the hits' texts ----------------------------------------------------------
 class _Tokens:
     """One text's tokens as the encoder saw them: states (T, D) float32, their ids, their
-    character offsets in the text (`off`, (T, 2); -1 for [CLS], [SEP] and other special tokens),
-    which are special, which continue a word ('##s'), and whether the text goes on past the
-    model's max length (that part is not in the vector). Their strings are made when asked for:
-    only records need them."""
+    character offsets in the text (`off`, (T, 2); -1 for [CLS], [SEP] and other special tokens,
+    and for the tokens of the chunk's context, its titles, read before its text), which are
+    special, which continue a word ('##s'), and whether the text goes on past the model's max
+    length (that part is not in the vector). `context`: the titles encoded before the text ("" for
+    none), and `in_context` which tokens are theirs (None for none). Their strings are made when
+    asked for: only records need them."""
 
-    __slots__ = ("states", "ids", "names", "off", "special", "cont", "text", "source", "truncated")
+    __slots__ = ("states", "ids", "names", "off", "special", "cont", "text", "source", "truncated", "context", "in_context")
 
-    def __init__(self, states, ids, names, off, special, cont, text, source, truncated):
+    def __init__(self, states, ids, names, off, special, cont, text, source, truncated, context="", in_context=None):
         self.states, self.ids, self.names = states, ids, names
         self.off, self.special, self.cont = off, special, cont
         self.text, self.source, self.truncated = text, source, truncated
+        self.context, self.in_context = context, in_context
 
     @property
     def tokens(self) -> list[str]:
@@ -326,14 +330,19 @@ def _explainable(encoder) -> bool:
 
 
 def hit_tokens(encoder, texts: Sequence[str], kept: Sequence[np.ndarray | None] | None = None,
-               tables: Sequence[np.ndarray | None] | None = None) -> list[_Tokens | None]:
+               tables: Sequence[np.ndarray | None] | None = None,
+               contexts: Sequence[str] | None = None) -> list[_Tokens | None]:
     """Tokens and states for each text: the kept states where given (and of the right length),
     else encoded now, all of them in one encoder pass; None for every text where the encoder
     cannot give token states. tables: the token tables kept beside the kept states (a text with
-    one is not tokenised again; the others are, in one batched call)."""
+    one is not tokenised again; the others are, in one batched call). contexts: each text's
+    titles, encoded before it as the index encoded it (semsearch/corpus/titles.py); their tokens
+    are at no place in the text, and the other tokens' offsets point into the text itself."""
     if not _explainable(encoder):
         return [None] * len(texts)
-    texts = list(texts)
+    shown = list(texts)
+    contexts = list(contexts) if contexts is not None else [""] * len(shown)
+    texts = [embedding_text(c, t) for c, t in zip(contexts, shown)]  # what the encoder read
     kept = list(kept) if kept is not None else [None] * len(texts)
     tables = list(tables) if tables is not None else [None] * len(texts)
     # a kept token table goes only with the kept states it was written with
@@ -363,6 +372,18 @@ def hit_tokens(encoder, texts: Sequence[str], kept: Sequence[np.ndarray | None] 
         cont = np.fromiter((t.startswith("##") for t in names), bool, n)
     else:
         cont = table[ids]
+    in_context = np.zeros(n, bool)
+    if any(contexts):  # offsets into the text after its context; the context's tokens at no place in it
+        off = off.copy()
+        for i, at in zip(range(len(texts)), np.cumsum([0] + lens[:-1]).tolist()):
+            cut = prefix_length(contexts[i])
+            if cut:
+                o = off[at : at + lens[i]]
+                mine = (o[:, 0] >= 0) & (o[:, 0] < cut)
+                in_context[at : at + lens[i]] = mine
+                o[~mine & (o[:, 0] >= 0)] -= cut
+                o[mine] = -1
+        special = special | in_context
     real_end = np.where(special, 0, off[:, 1])
     out, at = [], 0
     for i in range(len(texts)):
@@ -370,7 +391,8 @@ def hit_tokens(encoder, texts: Sequence[str], kept: Sequence[np.ndarray | None] 
         end = at + lens[i]
         last = int(real_end[at:end].max()) if end > at else 0
         out.append(_Tokens(states, ids[at:end], strings if strings is not None else names[at:end], off[at:end],
-                           special[at:end], cont[at:end], texts[i], source, bool(texts[i][last:].strip())))
+                           special[at:end], cont[at:end], shown[i], source, bool(shown[i][last:].strip()),
+                           contexts[i], in_context[at:end] if contexts[i] else None))
         at = end
     return out
 
@@ -431,6 +453,9 @@ def _token_records(tok: _Tokens, terms: np.ndarray) -> list[dict[str, Any]]:
                                   np.asarray(terms, np.float64).tolist())]
     for j in np.flatnonzero(tok.special).tolist():  # special tokens are at no place in the text
         recs[j]["start"] = recs[j]["end"] = None
+    if tok.in_context is not None:  # nor are the chunk's titles, read before it
+        for j in np.flatnonzero(tok.in_context).tolist():
+            recs[j]["context"] = True
     return recs
 
 
@@ -475,6 +500,9 @@ def _dense(encoder, tok: _Tokens | None, q: np.ndarray, stored_vec: np.ndarray |
     out["tokens"] = _token_records(tok, terms) if records else None
     out["spans"] = None  # a word's WordPiece pieces merged, their terms summed: _word_spans
     out["truncated"] = tok.truncated  # text past the model's max length is not in the vector
+    if tok.context:  # the titles read before the text: their tokens' terms are in the sum, at no place in the text
+        out["context"] = tok.context
+        out["context_score"] = float(terms[tok.in_context].sum()) if tok.in_context is not None else 0.0
     if stored_vec is not None:
         vn = np.asarray(v, np.float64)
         vn = vn / max(float(np.linalg.norm(vn)), 1e-12)
@@ -637,15 +665,17 @@ def explain_lexical(lex, query: str | QueryTerms, chunk_id: int, text: str, scor
     return explain_lexical_many(lex, query, [(chunk_id, text, score)])[0]
 
 
-def explain_lexical_many(lex, query: str | QueryTerms, hits: Sequence[tuple[int, str, float | None]],
+def explain_lexical_many(lex, query: str | QueryTerms, hits: Sequence[tuple],
                          defer: list | None = None) -> list[dict[str, Any]]:
-    """explain_lexical for many (chunk id, text, BM25 score) of one query: each term's postings
-    searched once for all the chunks. defer: a list given gets, per chunk, a function that fills
-    in where the terms occur in its text (left empty until then), for the caller to run when the
-    explanation is first read; else they are filled in now."""
+    """explain_lexical for many (chunk id, text, BM25 score[, context]) of one query: each term's
+    postings searched once for all the chunks. context: the titles BM25 indexed with the text
+    (semsearch/corpus/titles.py), whose occurrences of a term count in its tf as `in_context`,
+    not as spans. defer: a list given gets, per chunk, a function that fills in where the terms
+    occur in its text (left empty until then), for the caller to run when the explanation is
+    first read; else they are filled in now."""
     qt = query if isinstance(query, QueryTerms) else QueryTerms(lex, query)
     n = len(hits)
-    cids = np.fromiter((int(c) for c, _, _ in hits), np.int64, n)
+    cids = np.fromiter((int(x[0]) for x in hits), np.int64, n)
     _, held = lex.rows_of(cids)
     # per query term: its name, idf, and each chunk's part and count
     terms, lengths = lex.explain_terms(qt.hashes, cids)
@@ -653,7 +683,8 @@ def explain_lexical_many(lex, query: str | QueryTerms, hits: Sequence[tuple[int,
     hashes = {h for h, *_ in terms}
     missing = [" / ".join(ws) for h, ws in qt.words.items() if h not in hashes]
     out_all, li = [], 0
-    for r, ((_, text, score), is_held) in enumerate(zip(hits, held.tolist())):
+    for r, (hit, is_held) in enumerate(zip(hits, held.tolist())):
+        text, score, context = hit[1], hit[2], (hit[3] if len(hit) > 3 else "") or ""
         out: dict[str, Any] = {"score": score, "k1": lex.k1, "b": lex.b, "terms": []}
         if is_held:
             out["length"] = float(lengths[li])
@@ -665,9 +696,9 @@ def explain_lexical_many(lex, query: str | QueryTerms, hits: Sequence[tuple[int,
             out["terms"].append({"term": name, "idf": idf, "tf": tf[r], "contribution": c[r], "spans": []})
         tfs = [(h, int(tf[r])) for h, _, _, _, tf in cols] if is_held else None
         if defer is None:
-            _fill_term_spans(qt, text, out["terms"], cols, tfs)
+            _fill_term_spans(qt, text, out["terms"], cols, tfs, context)
         else:
-            defer.append(functools.partial(_fill_term_spans, qt, text, out["terms"], cols, tfs))
+            defer.append(functools.partial(_fill_term_spans, qt, text, out["terms"], cols, tfs, context))
         if missing:
             out["absent"] = list(missing)  # query terms no chunk of the index holds: they add nothing
         out["sum"] = total
@@ -676,9 +707,20 @@ def explain_lexical_many(lex, query: str | QueryTerms, hits: Sequence[tuple[int,
 
 
 def _fill_term_spans(qt: QueryTerms, text: str, terms: list[dict[str, Any]], cols: list,
-                     tfs: Sequence[tuple[int, int]] | None = None) -> None:
+                     tfs: Sequence[tuple[int, int]] | None = None, context: str = "") -> None:
     """Where each query term occurs in text (terms' "spans"). tfs: (term hash, BM25's count) of
-    each term in this chunk, where the chunk is in the lexical index."""
+    each term in this chunk, where the chunk is in the lexical index. context: the titles indexed
+    before the text (as ChunkRow.lexical_text joins them): occurrences there are counted in
+    `in_context`, and the spans point into the text itself."""
+    if context:
+        cut = len(context) + 1
+        inner: list[dict[str, Any]] = [dict(t) for t in terms]
+        _fill_term_spans(qt, f"{context}\n{text}", inner, cols, tfs)
+        for t, x in zip(terms, inner):
+            t["spans"] = [[a - cut, b - cut] for a, b in x["spans"] if a >= cut]
+            if len(x["spans"]) > len(t["spans"]):
+                t["in_context"] = len(x["spans"]) - len(t["spans"])
+        return
     spans = _known_term_spans(qt, text, tfs) if tfs is not None else None
     if spans is None and tfs is not None:
         low = text.lower()
@@ -742,6 +784,13 @@ def _stored_vectors(g, ids: list[int]) -> dict[int, np.ndarray]:
     return {int(i): np.asarray(v, np.float32) for i, v in zip(got, vecs)}
 
 
+def hit_context(manifest, hit) -> str:
+    """The titles a hit's chunk was encoded and indexed with ("" for none), rebuilt from its path
+    and metadata as indexing made them (semsearch/corpus/titles.py), in an index that records them."""
+    titles = int((getattr(manifest, "chunking", None) or {}).get("context", 0))
+    return chunk_context(hit.path, hit.metadata, titles) if titles else ""
+
+
 def explain_hits(retriever, g, queries: Sequence[str], qv: np.ndarray | None, hits: list[list], mode: str,
                  fusion: str, alpha: float, pools: list | None, lexical_parts: dict | None = None) -> None:
     """Set hit.explanation on every hit of a search (called by Retriever.search_batch).
@@ -757,14 +806,16 @@ def explain_hits(retriever, g, queries: Sequence[str], qv: np.ndarray | None, hi
     stored: dict[int, np.ndarray] = {}
     if dense:
         ids = sorted({h.id for _, h in flat})
-        text_of = {h.id: h.text for _, h in flat}
-        texts = [text_of[i] for i in ids]
+        hit_of = {h.id: h for _, h in flat}
+        texts = [hit_of[i].text for i in ids]
+        contexts = [hit_context(g.manifest, hit_of[i]) for i in ids]  # the titles each chunk was encoded with
         # the hits' token states and token tables read in one buffer where the index keeps them,
         # else tokenised in one batched call and encoded in one encoder pass; the word spans,
         # BM25 parts and fusion per query
         kept = _kept_states(g, retriever.folder, ids)
         pairs = [kept.get(i, (None, None)) for i in ids]
-        toks = dict(zip(ids, hit_tokens(retriever.encoder, texts, [p[0] for p in pairs], tables=[p[1] for p in pairs])))
+        toks = dict(zip(ids, hit_tokens(retriever.encoder, texts, [p[0] for p in pairs], tables=[p[1] for p in pairs],
+                                        contexts=contexts)))
         stored = _stored_vectors(g, ids)
     for qi, row in enumerate(hits):
         if not row:
@@ -790,7 +841,8 @@ def explain_hits(retriever, g, queries: Sequence[str], qv: np.ndarray | None, hi
         elif lex is not None:
             fill: list = []
             for e, x in zip(es, explain_lexical_many(lex, QueryTerms(lex, queries[qi]),
-                                                     [(h.id, h.text, h.lexical_score) for h in row], defer=fill)):
+                                                     [(h.id, h.text, h.lexical_score, hit_context(g.manifest, h)) for h in row],
+                                                     defer=fill)):
                 e["lexical"] = x
             for j, f in enumerate(fill):
                 later[j].append(f)
@@ -872,6 +924,8 @@ def format_explanation(hit, color: bool = False) -> str:
             if top:
                 head += ": " + ", ".join(f"{s['text']!r} {s['contribution']:+.4f}" for s in top)
             lines.append(head)
+            if d.get("context"):
+                lines.append(f"  titles read with the chunk: {d['context']!r} ({d.get('context_score', 0.0):+.4f} of it)")
             if d["pooling"] == "cls":
                 lines.append("  cls pooling: the whole score is the [CLS] token's")
             if d.get("note") and (d.get("states") != "kept" or not d.get("matches_stored", True)):
@@ -883,7 +937,8 @@ def format_explanation(hit, color: bool = False) -> str:
                 lines.append("  note: " + d["note"])
     if lex:
         terms = [t for t in lex.get("terms", []) if t["contribution"] > 0]
-        parts = " + ".join(f"{t['term']} {t['contribution']:.3f} (idf {t['idf']:.2f}, tf {t['tf']})" for t in terms)
+        parts = " + ".join(f"{t['term']} {t['contribution']:.3f} (idf {t['idf']:.2f}, tf {t['tf']}"
+                           + (f", {t['in_context']} in the titles)" if t.get("in_context") else ")") for t in terms)
         score = lex.get("score") if lex.get("score") is not None else lex.get("sum", 0.0)
         lines.append(f"  bm25 {score:.3f}" + (f" = {parts}" if parts else " (no query term occurs)"))
     f = e.get("fusion")

@@ -53,7 +53,9 @@ def info_rows(folder, m) -> list[tuple[str, object]]:
         ("pooling", m.pooling + ((f" (trained query layers {m.head['path']})" if m.head.get("kind") == "query-layers" else f" (head {m.head['path']})") if m.head else "")),
         ("vectors", f"{m.dim}-d, {m.metric} (L2-normalised, inner product), index type {m.index.get('type')}"
                     + (f", built on {m.index['built_on']}" if m.index.get("built_on") else "")),
-        ("max length", f"{m.max_length} tokens; chunks of {m.chunking['window']} tokens, overlap {m.chunking['overlap']}"),
+        ("max length", f"{m.max_length} tokens; chunks of {m.chunking['window']} tokens, overlap {m.chunking['overlap']}"
+                       + ("; page and section titles searched with their chunks" if m.chunking.get("context")
+                          else "; page and section titles not searched (built before they were: --rebuild adds them)")),
         ("precision", m.precision),
         ("holds", f"{m.counts['files']} files, {m.counts['documents']} documents, {m.counts['chunks']} chunks"),
         ("segments", _segments(m)),

@@ -1,6 +1,7 @@
 """The indexing pipeline: walk -> read -> chunk -> encode -> FAISS + SQLite, incrementally."""
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import sqlite3
@@ -13,6 +14,7 @@ import numpy as np
 
 from semsearch.corpus.chunking import ChunkSettings
 from semsearch.corpus.readers import ReadOptions, Skip
+from semsearch.corpus.titles import embedding_text
 from semsearch.corpus.walk import WalkResult, file_hash, walk
 from semsearch.progress import bar as progress_bar
 from semsearch.encoder.tokens import token_table
@@ -116,9 +118,10 @@ def encoder_for_index(base: Manifest | None, model: str | None = None, pooling: 
 
 
 def resolve_chunking(base: Manifest | None, encoder, window: int | None, overlap: int | None) -> ChunkSettings:
-    """Chunk settings: those given, else the index's, else the model's length with overlap 32."""
-    d = ChunkSettings(**base.chunking) if base is not None else ChunkSettings(window=encoder.max_length - 2)
-    return ChunkSettings(window if window is not None else d.window, overlap if overlap is not None else d.overlap)
+    """Chunk settings: those given, else the index's, else the model's length with overlap 32;
+    titles with the chunks as the index has them (a new index: with them)."""
+    d = ChunkSettings.of_index(base.chunking) if base is not None else ChunkSettings(window=encoder.max_length - 2)
+    return ChunkSettings(window if window is not None else d.window, overlap if overlap is not None else d.overlap, d.context)
 
 
 def _pooling_head(info: dict | None) -> str | None:
@@ -136,8 +139,11 @@ def check_settings(base: Manifest, encoder, chunking: ChunkSettings, folder: Pat
         diffs.append(f"model {encoder.name} ({encoder.fingerprint}) vs the index's {base.model} ({base.model_fingerprint})")
     if encoder.max_length != base.max_length:
         diffs.append(f"max length {encoder.max_length} vs the index's {base.max_length}")
-    if {"window": chunking.window, "overlap": chunking.overlap} != base.chunking:
+    if (chunking.window, chunking.overlap) != (base.chunking["window"], base.chunking["overlap"]):
         diffs.append(f"chunking {chunking.window}/{chunking.overlap} vs the index's {base.chunking['window']}/{base.chunking['overlap']}")
+    held = ChunkSettings.of_index(base.chunking).titles
+    if chunking.context is not None and chunking.titles != held:
+        diffs.append(f"chunks embedded {_titles_words(chunking.titles)} vs the index's {_titles_words(held)}")
     pooling_diff = []
     if encoder.pooling != base.pooling:
         pooling_diff.append(f"pooling {encoder.pooling!r} vs the index's {base.pooling!r}")
@@ -157,6 +163,10 @@ def check_settings(base: Manifest, encoder, chunking: ChunkSettings, folder: Pat
             "Use --rebuild to rebuild it with the new settings, or --index to write another index." + hint
         )
     return bool(pooling_diff)
+
+
+def _titles_words(version: int) -> str:
+    return f"with their titles (form {version})" if version else "without their titles"
 
 
 def repool(writer: IndexWriter, encoder, batch: int = 256) -> int:
@@ -264,9 +274,11 @@ def index_corpus(
     found = found or scan_corpus(corpus, include, exclude)
     base = load_base(folder, rebuild)
     if base is not None and chunking is None:
-        chunking = ChunkSettings(**base.chunking)
+        chunking = ChunkSettings.of_index(base.chunking)
     chunking = (chunking or ChunkSettings(window=encoder.max_length - 2)).check(encoder.max_length)
     needs_repool = check_settings(base, encoder, chunking, folder) if base is not None else False
+    if chunking.context is None:  # titles as the index has them (one built before them: none); a new index's: with them
+        chunking = dataclasses.replace(chunking, context=ChunkSettings.of_index(base.chunking).titles if base is not None else chunking.titles)
     keep_states = keep_states or bool(base and base.states)
 
     report = IndexReport(index=str(folder), skipped=dict(found.skipped), skipped_files=_walk_skips(found))
@@ -286,7 +298,7 @@ def index_corpus(
         return Manifest(
             model=encoder.name, model_fingerprint=encoder.fingerprint, backend=encoder.backend,
             pooling=encoder.pooling, dim=encoder.out_dim, max_length=encoder.max_length,
-            precision=encoder.precision, chunking={"window": chunking.window, "overlap": chunking.overlap},
+            precision=encoder.precision, chunking=chunking.as_manifest(),
             head=getattr(encoder, "head_info", None), counts=w.docs.counts(),
             states={"dtype": "float16", "dim": encoder.dim} if keep_states else None,
             model_files=weight_stats(encoder.folder) if getattr(encoder, "folder", None) else {},
@@ -425,15 +437,15 @@ def _update(writer, files, root, encoder, chunking, read, report, progress, flus
 
     def flush() -> None:
         if pending:
+            texts = [embedding_text(c.context, c.text) for c in pending]  # a chunk's titles, then its text
             if keep_states:
-                texts = [c.text for c in pending]
                 vecs, states = encoder.encode_with_states(texts, progress=False)
                 for c, st, tb in zip(pending, states, token_table(encoder, texts)):
                     c.state = writer.append_states(st, tb)
             elif cache is not None:
-                vecs = cache.encode(encoder, [c.text for c in pending])
+                vecs = cache.encode(encoder, texts)
             else:
-                vecs = encoder.encode([c.text for c in pending], progress=False)
+                vecs = encoder.encode(texts, progress=False)
             writer.vectors.add(store.add_chunks(pending, vecs), vecs)
             report.chunks += len(pending)
             written[0] += len(pending)

@@ -180,9 +180,9 @@ class Shard:
         s = self._at(generation)
         return [] if s.empty else list(s.g.docs.select(columns, where, params))
 
-    def explain_lexical(self, generation: int, items: list[tuple[str, dict, list[tuple[int, str, float | None]]]]
+    def explain_lexical(self, generation: int, items: list[tuple[str, dict, list[tuple]]]
                         ) -> list[dict[int, dict[str, Any]]]:
-        """Per query (its text, the whole index's statistics, its hits as (id, text, BM25)): the BM25
+        """Per query (its text, the whole index's statistics, its hits as (id, text, BM25, titles)): the BM25
         part of the explanation of each hit this shard holds, {id: dict}, as one process gives it."""
         from semsearch.explain import QueryTerms, explain_lexical_many
 
@@ -314,15 +314,16 @@ class ShardedSearch:
         """Each hit's explanation, as one process gives it: the BM25 parts from the shards that hold
         the hits (under the whole index's statistics), the dense parts here (the query encoder,
         the hits' stored vectors from the shards), the fusion from the candidates kept."""
-        from semsearch.explain import explain_hits
+        from semsearch.explain import explain_hits, hit_context
         from semsearch.store.manifest import Manifest
 
         parts = None
+        m = Manifest.load(self.folder)
         if mode != "dense":
-            items = [(q, st, [(h.id, h.text, h.lexical_score) for h in row]) for q, st, row in zip(queries, stats, hits)]
+            items = [(q, st, [(h.id, h.text, h.lexical_score, hit_context(m, h)) for h in row]) for q, st, row in zip(queries, stats, hits)]
             parts = {(qi, i): d for got in self.fanout("explain_lexical", gen, items) for qi, per in enumerate(got)
                      for i, d in per.items()}
-        explain_hits(self, _RouterGeneration(Manifest.load(self.folder), self.fanout, gen), queries, qv, hits, mode,
+        explain_hits(self, _RouterGeneration(m, self.fanout, gen), queries, qv, hits, mode,
                      fusion, alpha, pools, lexical_parts=parts)
 
     def _hybrid(self, gen, parts, qv, hashes, stats, depth, k, fusion, alpha, pools: list | None = None):

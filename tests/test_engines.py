@@ -2,6 +2,7 @@
 the local streaming path gives, chunk for chunk, id for id, and updates either way."""
 from __future__ import annotations
 
+import json
 import shutil
 import sqlite3
 from pathlib import Path
@@ -14,6 +15,7 @@ from semsearch.engines.build import EngineError, update_with_engine
 from semsearch.engines.inprocess import InProcessEngine
 from semsearch.errors import CorpusError, InputError
 from semsearch.indexing import VectorSettings, index_corpus
+from semsearch.search import Retriever
 from semsearch.store import Manifest
 
 
@@ -117,7 +119,12 @@ def test_shards_path_builds_ivf_and_keeps_states(sample_copy, tmp_path, real_enc
     # both keep each chunk's token table beside its states: the tokenizer's own
     tables = [kept_tables(f) for f in (a, b)]
     assert len(tables[0]) > 10 and [t for t, _ in tables[0]] == [t for t, _ in tables[1]]
-    want = real_encoder.token_table([t for t, _ in tables[0]])
+    # of what was encoded: a chunk's titles (the sample's Markdown files have them), then its text
+    from semsearch.corpus.titles import chunk_context, embedding_text
+
+    rows = sorted(Retriever.load(a).docs.select("c.text, f.path, c.metadata"))
+    assert [t for _, t, _, _ in rows] == [t for t, _ in tables[0]]
+    want = real_encoder.token_table([embedding_text(chunk_context(p, json.loads(m) if m else {}), t) for _, t, p, m in rows])
     for (_, ra), (_, rb), w in zip(tables[0], tables[1], want):
         assert np.array_equal(ra, w) and np.array_equal(rb, w)
     # kept states re-pool to the same vectors in both

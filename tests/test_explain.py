@@ -14,7 +14,8 @@ from semsearch import fusion as fusion_
 from semsearch.encoder import Encoder
 from semsearch.encoder.pooling import AttentionHead
 from semsearch import explain as explain_
-from semsearch.explain import format_explanation
+from semsearch.corpus.titles import embedding_text
+from semsearch.explain import format_explanation, hit_context
 from semsearch.indexing import index_corpus
 from semsearch.search import Retriever
 
@@ -64,7 +65,7 @@ def check_lexical(hit):
     assert math.fsum(t["contribution"] for t in lex["terms"]) == pytest.approx(hit.lexical_score, rel=1e-5, abs=1e-6)
     for t in lex["terms"]:
         assert (t["tf"] > 0) == (t["contribution"] > 0)
-        assert len(t["spans"]) == t["tf"]  # each occurrence is marked in the text
+        assert len(t["spans"]) + t.get("in_context", 0) == t["tf"]  # each occurrence is marked in the text, or in its titles
         if t["tf"]:
             assert t["contribution"] <= t["idf"] * (lex["k1"] + 1) + 1e-6  # BM25's bound for one term
     return lex
@@ -284,7 +285,9 @@ def test_word_spans_are_the_token_loops(mean_index, real_encoder):
         for h in r.search(q, k=5, mode="hybrid", explain=True):
             d = h.explanation["dense"]
             assert d["spans"] == _reference_words(h.text, d["tokens"])  # the same sums, to the last bit
-            assert [t["token"] for t in d["tokens"]] == real_encoder.tokenizer.encode(h.text).tokens
+            # the tokens of what was encoded: the chunk's titles (a Markdown file's), then its text
+            encoded = embedding_text(hit_context(r.manifest, h), h.text)
+            assert [t["token"] for t in d["tokens"]] == real_encoder.tokenizer.encode(encoded).tokens
 
 
 def test_fp16_states_widen_exactly():

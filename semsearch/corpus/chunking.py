@@ -3,17 +3,36 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 from semsearch.errors import InputError
 
 Offsets = Callable[[str], list[tuple[int, int]]]  # text -> (start, end) of each content token
 
 
+CONTEXT = 1  # chunks embedded and indexed with their titles (semsearch/corpus/titles.py): that form's version
+
+
 @dataclass(frozen=True)
 class ChunkSettings:
     window: int = 254  # content tokens a chunk; + [CLS] and [SEP] = the model's 256
     overlap: int = 32
+    # Whether chunks carry their titles (semsearch/corpus/titles.py): CONTEXT, or 0 (none: an
+    # index built before them keeps it); None: the index's own, CONTEXT for a new index.
+    context: int | None = None
+
+    @classmethod
+    def of_index(cls, chunking: Mapping[str, int]) -> "ChunkSettings":
+        """An index's settings as its manifest records them (one recorded before titles: 0)."""
+        return cls(chunking["window"], chunking["overlap"], int(chunking.get("context", 0)))
+
+    @property
+    def titles(self) -> int:
+        """The context version these settings embed with (None resolved: a new index's)."""
+        return CONTEXT if self.context is None else self.context
+
+    def as_manifest(self) -> dict[str, int]:
+        return {"window": self.window, "overlap": self.overlap, "context": self.titles}
 
     def check(self, max_length: int) -> "ChunkSettings":
         if self.window < 1:
@@ -22,6 +41,9 @@ class ChunkSettings:
             raise InputError(f"--overlap must be in [0, {self.window}), got {self.overlap}")
         if self.window > max_length - 2:
             raise InputError(f"--chunk-tokens {self.window} exceeds the model's {max_length - 2} content tokens")
+        if self.context not in (None, 0, CONTEXT):  # an index a newer semsearch wrote: its chunks' form is unknown here
+            raise InputError(f"chunk titles of form {self.context} are not known to this semsearch (it writes form {CONTEXT}); "
+                             "rebuild the index with --rebuild, or upgrade semsearch")
         return self
 
 

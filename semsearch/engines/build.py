@@ -224,7 +224,8 @@ def _group_files(paths: list[Path], dim: int, state_dim: int):
             raise EngineError(f"file #{seq[a]}: {len(chunk_idx)} chunk(s) staged, its reader made {status['chunks']}")
         rows = [ChunkRow(0, None if cols["row"][i] == NONE else cols["row"][i], int(ord_[i]), cols["start"][i], cols["end"][i],
                          None if cols["line"][i] == NONE else cols["line"][i], cols["text"][i],
-                         json.loads(cols["metadata"][i]) if cols["metadata"][i] else {}) for i in chunk_idx]
+                         json.loads(cols["metadata"][i]) if cols["metadata"][i] else {},
+                         context=cols["context"][i] or "" if "context" in cols else "") for i in chunk_idx]
         vecs = np.frombuffer(b"".join(cols["vector"][i] for i in chunk_idx), np.float32).reshape(len(chunk_idx), dim)
         states = None
         if chunk_idx and cols["state"][chunk_idx[0]]:

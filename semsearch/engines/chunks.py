@@ -8,6 +8,7 @@ from semsearch.corpus.chunking import ChunkSettings, chunk_text, line_of
 from semsearch.corpus.formats import STRUCTURED_EXTS, extract
 from semsearch.corpus.readers import TEXT_EXTS, ReadOptions, _check_utf8, read_documents
 from semsearch.corpus.streaming import chunk_stream, text_blocks
+from semsearch.corpus.titles import chunk_context
 from semsearch.errors import CorpusError
 from semsearch.store.docstore import ChunkRow
 
@@ -46,12 +47,16 @@ def file_chunks(path: Path, offsets, chunking: ChunkSettings, read: ReadOptions,
 
 def _structured_rows(path: Path, offsets, chunking: ChunkSettings, on_bytes=None, group: int = 64):
     """The one document of a PDF, HTML, Word or Markdown file, streamed: each chunk carries its
-    page, section path and the title in its metadata, and stops at a near section boundary."""
+    page, section path and the title in its metadata (and, where the settings say so, the title
+    and section path as its context: semsearch/corpus/titles.py), and stops at a near section
+    boundary."""
     try:
         ex = extract(path, on_bytes)  # an encrypted or damaged file fails here, before it is added
         rows: list[ChunkRow] = []
         for i, (c, line) in enumerate(chunk_stream(ex.blocks, offsets, chunking, ex.marks.boundaries)):
-            rows.append(ChunkRow(0, None, i, c.start, c.end, line if ex.keeps_lines else None, c.text, ex.marks.locate(c.start, c.end)))
+            meta = ex.marks.locate(c.start, c.end)
+            rows.append(ChunkRow(0, None, i, c.start, c.end, line if ex.keeps_lines else None, c.text, meta,
+                                 context=chunk_context(str(path), meta, chunking.titles)))
             if len(rows) >= group:
                 yield 0, rows
                 rows = []

@@ -25,18 +25,19 @@ from semsearch.store.kept import token_rows
 NONE = -1  # row / line / doc sentinel: the shard columns are never null
 
 COLUMNS = ("seq", "doc", "ord", "row", "start", "end", "line", "text", "metadata",
-           "status", "hash", "info", "documents", "chunks")
+           "status", "hash", "info", "documents", "chunks", "context")
 
 
 def schema(with_vectors: bool = True):
-    """The Arrow schema of a shard (vector: float32 bytes (D,); state: fp16 bytes (T, D) or empty;
-    tokens: int32 bytes (T, 3), the token table kept beside the states, or empty)."""
+    """The Arrow schema of a shard (context: the chunk's titles, semsearch/corpus/titles.py, or
+    empty; vector: float32 bytes (D,); state: fp16 bytes (T, D) or empty; tokens: int32 bytes
+    (T, 3), the token table kept beside the states, or empty)."""
     import pyarrow as pa
 
     fields = [("seq", pa.int64()), ("doc", pa.int64()), ("ord", pa.int64()), ("row", pa.int64()),
               ("start", pa.int64()), ("end", pa.int64()), ("line", pa.int64()), ("text", pa.string()),
               ("metadata", pa.string()), ("status", pa.string()), ("hash", pa.string()), ("info", pa.string()),
-              ("documents", pa.int64()), ("chunks", pa.int64())]
+              ("documents", pa.int64()), ("chunks", pa.int64()), ("context", pa.string())]
     if with_vectors:
         fields += [("vector", pa.binary()), ("state", pa.binary()), ("tokens", pa.binary())]
     return pa.schema(fields)
@@ -44,11 +45,11 @@ def schema(with_vectors: bool = True):
 
 def _row(seq: int, doc: int = NONE, ord: int = NONE, row: int | None = None, start: int = 0, end: int = 0,
          line: int | None = None, text: str = "", metadata: dict | None = None, status: str = "", hash: str = "",
-         info: str = "", documents: int = 0, chunks: int = 0) -> dict[str, Any]:
+         info: str = "", documents: int = 0, chunks: int = 0, context: str = "") -> dict[str, Any]:
     return {"seq": seq, "doc": doc, "ord": ord, "row": NONE if row is None else row, "start": start, "end": end,
             "line": NONE if line is None else line, "text": text,
             "metadata": json.dumps(metadata, ensure_ascii=False) if metadata else "", "status": status,
-            "hash": hash, "info": info, "documents": documents, "chunks": chunks}
+            "hash": hash, "info": info, "documents": documents, "chunks": chunks, "context": context}
 
 
 def chunk_file(job: dict[str, Any], spec: EncodeSpec, offsets: Callable[[str], list[tuple[int, int]]]) -> list[dict[str, Any]]:
@@ -65,7 +66,7 @@ def chunk_file(job: dict[str, Any], spec: EncodeSpec, offsets: Callable[[str], l
         return [_row(seq, status="error", info=f"CorpusError: {path}: cannot read ({e})")]
     if digest == job.get("old_hash"):
         return [_row(seq, status="same", hash=digest)]
-    settings = ChunkSettings(spec.window, spec.overlap)
+    settings = ChunkSettings(spec.window, spec.overlap, spec.context)
     docs = file_chunks(path, offsets, settings, ReadOptions(spec.text_column, spec.skip_errors))
     rows: list[dict[str, Any]] = []
     try:
@@ -79,7 +80,7 @@ def chunk_file(job: dict[str, Any], spec: EncodeSpec, offsets: Callable[[str], l
         for n, chunk_rows in itertools.chain([first] if first is not None else [], docs):
             n_docs.add(n)
             for r in chunk_rows:
-                rows.append(_row(seq, n, r.ord, r.row, r.start, r.end, r.line, r.text, r.metadata))
+                rows.append(_row(seq, n, r.ord, r.row, r.start, r.end, r.line, r.text, r.metadata, context=r.context))
     except Skip as e:  # readers check encodings up front; this would be a reader bug
         return [_row(seq, status="error", info=f"CorpusError: {path}: {e}")]
     except SemsearchError as e:
@@ -89,11 +90,14 @@ def chunk_file(job: dict[str, Any], spec: EncodeSpec, offsets: Callable[[str], l
 
 
 def embed_table(table, encoder, keep_states: bool):
-    """The rows of `table` with `vector` (and `state`) columns: chunk rows encoded, status rows empty."""
+    """The rows of `table` with `vector` (and `state`) columns: chunk rows encoded (with their
+    context before them, as the local engine encodes them), status rows empty."""
     import pyarrow as pa
 
+    from semsearch.corpus.titles import embedding_text
+
     doc = table.column("doc").to_numpy()
-    texts = table.column("text").to_pylist()
+    texts = [embedding_text(c or "", t) for c, t in zip(table.column("context").to_pylist(), table.column("text").to_pylist())]
     pick = np.flatnonzero(doc >= 0)
     vectors: list[bytes] = [b""] * len(doc)
     states: list[bytes] = [b""] * len(doc)

@@ -527,7 +527,7 @@ class SemsearchDocumentStore:
 
         r = self._retriever
         out, done = "", None
-        for c in chunk_text(text, r.encoder.token_offsets, ChunkSettings(**r.manifest.chunking)):
+        for c in chunk_text(text, r.encoder.token_offsets, ChunkSettings.of_index(r.manifest.chunking)):
             if done is None or c.start >= done:
                 out += c.text if done is None or c.start == done else " " + c.text
             else:
