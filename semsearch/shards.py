@@ -189,7 +189,7 @@ class Shard:
         s = self._at(generation)
         out: list[dict[int, dict[str, Any]]] = []
         for query, st, rows in items:
-            held = set(s.g.docs.held([i for i, _, _ in rows]).tolist()) if not s.empty and s.lex is not None else set()
+            held = set(s.g.docs.held([r[0] for r in rows]).tolist()) if not s.empty and s.lex is not None else set()
             mine = [r for r in rows if r[0] in held]
             if not mine:
                 out.append({})
