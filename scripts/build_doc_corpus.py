@@ -168,15 +168,42 @@ def check(html: Path, index: Path, sample: int, seed: int) -> dict:
         out["outside_tree_pages"] += bad > 0
     indexed = set(rels.values())
     out["duplicate_pairs"] = sum(1 for rel in indexed if (pg := source_page(rel)) and (pg in indexed or pg + ".gz" in indexed))
-    # known-item: a page's top heading as the query finds that page first?
+    # known-item: a page's top heading as the query finds that page first (in its first 3 pages)?
     rng = random.Random(seed)
     pages = sorted(tops)
     picked = rng.sample(pages, min(sample, len(pages)))
     for mode in ("hybrid", "lexical", "dense"):
-        hits = r.search_batch([tops[p] for p in picked], k=1, mode=mode)
-        ok = sum(1 for p, h in zip(picked, hits) if h and h[0].source == p)
-        out[f"known_item_{mode}"] = round(100 * ok / max(len(picked), 1), 1)
+        hits = r.search_batch([tops[p] for p in picked], k=30, mode=mode)
+        firsts = [list(dict.fromkeys(h.path for h in row))[:3] for row in hits]
+        out[f"known_item_{mode}"] = round(100 * sum(bool(f) and f[0] == p for p, f in zip(picked, firsts)) / max(len(picked), 1), 1)
+        out[f"known_item_top3_{mode}"] = round(100 * sum(p in f for p, f in zip(picked, firsts)) / max(len(picked), 1), 1)
     out["known_item_queries"] = len(picked)
+    out.update(section_known_item(r, chunks, sample, seed))
+    return out
+
+
+def section_known_item(r, chunks: dict[str, list[dict]], sample: int, seed: int) -> dict:
+    """Known-item search by section: a section's own heading (its path's last part, where no
+    other section of the corpus has that heading) as the query; is the first hit a chunk of that
+    section (or of one under it) of that page? Only sections below a page's top heading."""
+    heads: dict[str, list[tuple[str, str]]] = {}
+    for path, metas in chunks.items():
+        for sec in dict.fromkeys(m.get("section") for m in metas if m.get("section")):
+            parts = norm(sec).split(" > ")
+            if len(parts) >= 2:
+                heads.setdefault(parts[-1].lower(), []).append((path, norm(sec)))
+    items = sorted((h, v[0]) for h, v in heads.items() if len(v) == 1 and len({p for p, _ in v}) == 1)
+    picked = random.Random(seed).sample(items, min(sample, len(items)))
+    out: dict = {"section_queries": len(picked)}
+    for mode in ("hybrid", "lexical", "dense"):
+        hits = r.search_batch([h for h, _ in picked], k=3, mode=mode)
+
+        def here(h, path, sec):
+            s = norm(h.metadata.get("section") or "")
+            return h.path == path and (s == sec or s.startswith(sec + " > "))
+
+        out[f"section_top1_{mode}"] = round(100 * sum(bool(row) and here(row[0], *t) for (_, t), row in zip(picked, hits)) / max(len(picked), 1), 1)
+        out[f"section_top3_{mode}"] = round(100 * sum(any(here(h, *t) for h in row) for (_, t), row in zip(picked, hits)) / max(len(picked), 1), 1)
     return out
 
 

@@ -1,7 +1,7 @@
 """A PDF test corpus as manuals and journals are printed, and what search makes of it.
 
-    python scripts/build_pdf_corpus.py build --out data/pdf-corpus [--beir ../shared/data/beir/scifact]
-    python scripts/build_pdf_corpus.py measure --out data/pdf-corpus [--index-root indexes/pdfc]
+    python scripts/build_pdf_corpus.py build --out data/pdf-corpus [--beir ../shared/data/beir/scifact] [--outline]
+    python scripts/build_pdf_corpus.py measure --out data/pdf-corpus [--index-root indexes/pdfc] [--only manual]
 
 `build` renders with fpdf2 (pip install 'semsearch[bench]'), deterministically:
 - manual/manual.pdf: this project's own docs (README.md and docs/*.md at a pinned git revision,
@@ -55,10 +55,13 @@ class Book:
     """Pages laid out line by line, so that every body line's page is known exactly."""
 
     def __init__(self, fmt, margins: tuple[float, float, float, float], body_pt: float, head_pt: float,
-                 header, footer):
+                 header, footer, outline: bool = False, title: str = ""):
         from fpdf import FPDF
 
         self.pdf = FPDF(format=fmt, unit="mm")
+        self.outline = outline  # bookmarks for the headings given a level, and the title in the document's info
+        if outline and title:
+            self.pdf.set_title(title)
         self.pdf.set_auto_page_break(False)
         self.pdf.set_compression(True)
         self.unicode = _fonts(self.pdf)
@@ -129,10 +132,12 @@ class Book:
             self.y += lead
         self.y += self.lead * gap
 
-    def heading(self, text: str, size: float) -> int:
+    def heading(self, text: str, size: float, level: int | None = None) -> int:
         self.room(self.lead * 4)  # not the last line of a page
         self.y += self.lead * 0.5
         page = self.pdf.page_no()
+        if self.outline and level is not None:
+            self.pdf.start_section(self.t(text), level, strict=False)
         self.paragraph(text, "B", size, gap=0.3)
         return page
 
@@ -210,7 +215,7 @@ def _md_blocks(text: str):
         para.append(re.sub(r"\[([^\]]+)\]\([^)]+\)", r"\1", line.strip()).replace("**", "").replace("`", ""))
 
 
-def render_manual(out: Path, rev: str) -> dict:
+def render_manual(out: Path, rev: str, outline: bool = False) -> dict:
     docs = _docs(rev)
 
     def header(p, st):
@@ -222,7 +227,7 @@ def render_manual(out: Path, rev: str) -> dict:
         return (TITLE, "", "") if p % 2 == 0 else ("", "", f"revision {rev}")
 
     def layout(toc_entries: list | None, toc_pages: int):
-        book = Book((176, 250), (18, 24, 18, 22), 10, 10, header, footer)
+        book = Book((176, 250), (18, 24, 18, 22), 10, 10, header, footer, outline, TITLE.capitalize())
         book.state["plain"] = True
         book.pages[1], book.edges[1] = [], []
         book.y = 90
@@ -238,7 +243,7 @@ def render_manual(out: Path, rev: str) -> dict:
                 if kind == "h" and level == 1 and not chapter_started:
                     book.new_page(plain=True)
                     book.state["section"] = f"{ci}. {s}"
-                    page = book.heading(f"Chapter {ci}. {s}", 16)
+                    page = book.heading(f"Chapter {ci}. {s}", 16, 0)
                     entries.append((1, f"{ci}. {s}", page))
                     sections.append({"title": s, "chapter": ci, "level": 1, "page": page, "file": name})
                     chapter_started = True
@@ -246,7 +251,7 @@ def render_manual(out: Path, rev: str) -> dict:
                     if not chapter_started:
                         book.new_page(plain=True)
                         chapter_started = True
-                    page = book.heading(s, 13 if level <= 2 else 11)
+                    page = book.heading(s, 13 if level <= 2 else 11, level - 1 if level <= 3 else None)
                     book.state["section"] = f"{ci}. {s}" if level <= 2 else book.state["section"]
                     if level <= 3:
                         entries.append((2, s, page))
@@ -274,7 +279,7 @@ def render_manual(out: Path, rev: str) -> dict:
 
 # ---- the journal issue ------------------------------------------------------------------------
 
-def render_journal(out: Path, beir: Path, n_docs: int) -> dict:
+def render_journal(out: Path, beir: Path, n_docs: int, outline: bool = False) -> dict:
     docs = []
     with open(beir / "corpus.jsonl", encoding="utf-8") as fh:
         for line in fh:
@@ -295,7 +300,7 @@ def render_journal(out: Path, beir: Path, n_docs: int) -> dict:
         return ("", f"Reproducible Findings Publishing, {2024}. Open access (CC BY 4.0).", "")
 
     def layout(toc_entries, toc_pages):
-        book = Book("A4", (22, 26, 22, 24), 10.5, 8, header, footer)
+        book = Book("A4", (22, 26, 22, 24), 10.5, 8, header, footer, outline, f"{JOURNAL}, Volume 12")
         book.state["u"] = book.unicode
         book.state["plain"] = True
         book.pages[1], book.edges[1] = [], []
@@ -307,7 +312,7 @@ def render_journal(out: Path, beir: Path, n_docs: int) -> dict:
         for d in docs:
             title = " ".join(d["title"].split())
             book.state["section"] = title
-            page = book.heading(title, 13)
+            page = book.heading(title, 13, 0)
             entries.append((2, title, page))
             sents = re.split(r"(?<=[.!?])\s+(?=[A-Z])", " ".join(d["text"].split()))
             for k in range(0, len(sents), 3):
@@ -328,9 +333,9 @@ def render_journal(out: Path, beir: Path, n_docs: int) -> dict:
 
 def build(args) -> None:
     t0 = time.perf_counter()
-    truth = {"rev": args.rev, "docs": [render_manual(args.out, args.rev)]}
+    truth = {"rev": args.rev, "outline": args.outline, "docs": [render_manual(args.out, args.rev, args.outline)]}
     if args.beir:
-        truth["docs"].append(render_journal(args.out, args.beir, args.journal_docs))
+        truth["docs"].append(render_journal(args.out, args.beir, args.journal_docs, args.outline))
     (args.out / "truth.json").write_text(json.dumps(truth, ensure_ascii=False, indent=1), encoding="utf-8")
     print(json.dumps({d["file"]: {"pages": d["pages"], "toc_pages": d["toc_pages"]} for d in truth["docs"]}
                      | {"seconds": round(time.perf_counter() - t0, 1)}))
@@ -375,6 +380,8 @@ def measure(args) -> None:
     report: dict = {}
     for doc in truth["docs"]:
         name = doc["file"].split("/")[0]
+        if args.only and name not in args.only:
+            continue
         idx = args.index_root / name
         t0 = time.perf_counter()
         index_corpus(args.out / name, idx, enc, progress=False, rebuild=True)  # under 50,000 chunks: exact search
@@ -439,10 +446,13 @@ def main() -> None:
     b.add_argument("--rev", default=REV, help="git revision of the docs the manual is made of")
     b.add_argument("--beir", type=Path, default=None, help="a BEIR SciFact folder: also render the journal issue")
     b.add_argument("--journal-docs", type=int, default=150)
+    b.add_argument("--outline", action="store_true",
+                   help="give the PDFs bookmarks (chapters and sections; articles) and a title, as LaTeX builds have")
     m = sub.add_parser("measure")
     m.add_argument("--out", type=Path, default=Path("data/pdf-corpus"))
     m.add_argument("--index-root", type=Path, default=Path("indexes/pdf-corpus"))
     m.add_argument("--passages", type=int, default=300)
+    m.add_argument("--only", action="append", help="measure only this document (manual, journal); repeatable")
     args = ap.parse_args()
     build(args) if args.cmd == "build" else measure(args)
 
