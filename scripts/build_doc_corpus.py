@@ -20,8 +20,9 @@ known-item, from the files, chunked with the bundled model's tokenizer, nothing 
 their page (the page's h1-h6 in its main content, in document order) and how many of those are
 not under the page's top heading; titles and sections with a permalink sign (¶) or a Markdown
 escape (`\\_`); indexed `_sources/` copies whose rendered page is indexed too (duplicate pairs);
-known-item search: each sampled page's top heading as the query, is that page the first hit
-(hybrid and lexical)? Comparisons of section paths ignore ¶, backquotes and escapes (so that an
+known-item search: each sampled page's top heading as the query, is that page the first hit (in
+the first 3 pages hit), and each section's own heading (where no other section has it), is the
+first hit a chunk of that section (one of the first 3); hybrid, lexical and dense. Comparisons of section paths ignore ¶, backquotes and escapes (so that an
 index built by older code is measured on the same footing); the ¶ / escape counts do not.
 """
 from __future__ import annotations
