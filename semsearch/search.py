@@ -352,19 +352,76 @@ def _exact(g: _Generation, qv: np.ndarray, k: int, allowed: np.ndarray) -> tuple
     return scores, out
 
 
+class _Beside:
+    """A query's dense side run on a worker thread while the calling thread prunes its lexical
+    side, where a core is free for it; where none is (every worker busy: a loaded server), the
+    caller runs both, so concurrent queries never queue behind each other's halves. faiss and
+    numpy's indexing and matrix work release the GIL, so the two halves overlap (1M chunks,
+    2 cores: docs/benchmarks.md). Workers search on one OpenMP thread: faiss's spinning
+    workers would otherwise take the core the caller's half runs on."""
+
+    def __init__(self, workers: int | None = None) -> None:
+        n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        self._workers = n - 1 if workers is None else workers  # a core stays the caller's
+        self._free = threading.BoundedSemaphore(self._workers) if self._workers else None
+        self._pool = None
+        self._lock = threading.Lock()
+
+    def submit(self, fn):
+        """A Future of fn() on a free worker, or None where none is free (run it yourself)."""
+        if self._free is None or not self._free.acquire(blocking=False):
+            return None
+        try:
+            if self._pool is None:
+                with self._lock:
+                    if self._pool is None:
+                        from concurrent.futures import ThreadPoolExecutor
+
+                        self._pool = ThreadPoolExecutor(self._workers, "semsearch-dense", _one_omp_thread)
+            fut = self._pool.submit(fn)
+        except BaseException:
+            self._free.release()
+            raise
+        fut.add_done_callback(lambda _: self._free.release())
+        return fut
+
+
+def _one_omp_thread() -> None:
+    try:
+        import faiss
+    except ImportError:  # the numpy matrix index only
+        return
+    faiss.omp_set_num_threads(1)
+
+
+_BESIDE = _Beside()
+BESIDE_MIN = 100_000  # chunks: below, a dense side costs less than handing it to a worker (~0.1 ms)
+BESIDE_MAX_QUERIES = 4  # a larger batch keeps faiss's OpenMP threads on its dense side instead
+
+
 def _hybrid(g: _Generation, lex, queries, qv, k, allowed, fusion, alpha, pools: list | None = None):
     """[(id, fused, cosine, bm25)] per query: the union of both sides' top DEPTH, each
     candidate scored exactly on both sides, fused, best k. `pools`, where given, gets each
     query's candidates (ids, cosines, bm25), or None where it has none."""
     depth = max(k, fusion_.DEPTH)
     mask = allowed.rows(lex.ids) if allowed is not None else None
-    dscores, dids = _dense(g, qv, depth, allowed)
+    hashes = [lex.query_hashes(q) for q in queries]
+    fut = None
+    if len(lex.ids) >= BESIDE_MIN and len(queries) <= BESIDE_MAX_QUERIES:
+        fut = _BESIDE.submit(lambda: _dense(g, qv, depth, allowed))
+    if fut is not None:  # the lexical sides' pruning (most of their work) while the dense side runs
+        pruned = [lex.prune(h, depth, mask) for h in hashes]
+        dscores, dids = fut.result()
+    else:
+        pruned = None
+        dscores, dids = _dense(g, qv, depth, allowed)
     out = []
-    for q, v, ds, di in zip(queries, qv, dscores, dids):
-        h = lex.query_hashes(q)
-        lids, _ = lex.top_k(h, depth, mask)  # pruned: exactly the exhaustive top, no pass over every row
+    for qi, (v, ds, di) in enumerate(zip(qv, dscores, dids)):
         ok = di >= 0
         di, ds = di[ok], ds[ok]
+        # pruned: exactly the exhaustive top, no pass over every row; the dense hits' BM25 read with it
+        p = pruned[qi] if pruned is not None else lex.prune(hashes[qi], depth, mask)
+        lids, ls, dl = lex.finish(p, di)
         cand = np.union1d(di, lids)  # sorted ids
         if not len(cand):
             out.append([])
@@ -381,7 +438,9 @@ def _hybrid(g: _Generation, lex, queries, qv, k, allowed, fusion, alpha, pools: 
             if vecs is None:
                 ids, vecs = g.docs.get_vectors(only_lex)
             d[np.searchsorted(cand, ids)] = vecs @ np.asarray(v, np.float32)
-        b = lex.scores_of(h, cand)
+        b = np.zeros(len(cand), np.float32)
+        b[np.searchsorted(cand, di)] = dl
+        b[np.searchsorted(cand, lids)] = ls
         if pools is not None:
             pools.append((cand, d, b))
         fused = fusion_.fuse(d, b, fusion, alpha)

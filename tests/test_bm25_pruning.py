@@ -1,7 +1,7 @@
 """BM25 with rank-safe pruning (LexicalIndex.top_k, MaxScore) gives exactly what the exhaustive
 scorer gives: the same chunks in the same order, the same float32 scores bit for bit, across
 segments, with deleted rows and filter masks, for k from 1 to past the number of matches; and
-scores_of() equals lookup(score_all()). scripts/bench_bm25.py measures the same at 1M chunks."""
+scores_of() and top_k_and() equal lookup(score_all()). scripts/bench_bm25.py measures the same at 1M chunks."""
 from __future__ import annotations
 
 import numpy as np
@@ -52,6 +52,14 @@ def test_pruned_top_k_equals_the_exhaustive_top(index, monkeypatch, sparse_max):
             checked += 1
         ids = rng.choice(index.ids, 40)
         assert np.array_equal(index.lookup(index.score_all(h), ids), index.scores_of(h, ids))
+        # one pass for both (hybrid search): the top as top_k gives it, and the other side's ids
+        # (some deleted, some no row holds, some repeated) scored as scores_of gives them
+        also = np.concatenate([ids, [-5, 1_000_000, 3, 17], ids[:3]])
+        for n in (1, 10, 100):
+            a_ids, a_s, a_also = index.top_k_and(h, n, mask, also)
+            e_ids, e_s = exhaustive(index, h, n, mask)
+            assert np.array_equal(e_ids, a_ids) and np.array_equal(e_s, a_s), (q, n)
+            assert np.array_equal(index.lookup(index.score_all(h), also), a_also), (q, n)
     assert checked == 600
 
 

@@ -13,6 +13,7 @@ from semsearch import fusion
 from semsearch.cli import main
 from semsearch.errors import InputError
 from semsearch.eval import evaluate_beir, load_beir
+from semsearch.corpus import ChunkSettings
 from semsearch.indexing import index_corpus
 from semsearch.search import Retriever
 from semsearch.store import lexical
@@ -198,3 +199,64 @@ class _NoEncoder:
     """Lexical-only evaluation needs no model: this stands in for its settings only."""
 
     name, fingerprint, max_length, precision = "none", "none", 0, "fp32"
+
+
+def test_dense_side_beside_the_lexical_side_answers_the_same(tmp_path, fake_encoder, monkeypatch):
+    """A large index runs a hybrid query's dense side on a worker while the caller prunes the
+    lexical side: the same hits and scores as in turn, from many threads at once, filtered or not,
+    with a worker free or not, and a failure on the dense side reaches the caller."""
+    import threading
+
+    from semsearch import search as search_mod
+
+    rng = np.random.default_rng(5)
+    words = [f"w{i}" for i in range(300)]
+    corpus = tmp_path / "c"
+    corpus.mkdir()
+    for f in range(40):
+        (corpus / f"f{f}.txt").write_text("\n\n".join(" ".join(rng.choice(words, 30, p=None)) for _ in range(4)))
+    index_corpus(corpus, tmp_path / "idx", fake_encoder, ChunkSettings(window=30, overlap=0), progress=False)
+    r = Retriever.load(tmp_path / "idx", encoder=fake_encoder)
+    queries = [" ".join(rng.choice(words, int(rng.integers(1, 6)))) for _ in range(30)]
+    wheres = [None, "path:*/f1*.txt"]
+
+    def answers():
+        return [[(h.id, h.score, h.dense_score, h.lexical_score) for h in r.search(q, 7, mode="hybrid", where=w)]
+                for w in wheres for q in queries]
+
+    monkeypatch.setattr(search_mod, "BESIDE_MIN", 10**12)
+    in_turn = answers()
+    assert sum(map(len, in_turn)) > 100
+    assert {h.path.rsplit("/", 1)[-1][:2] for h in r.search(queries[0], 7, where=wheres[1])} == {"f1"}
+    beside = search_mod._Beside(workers=2)  # whatever this machine's cores: the path is taken
+    sent = []
+    real_submit = beside.submit
+    monkeypatch.setattr(beside, "submit", lambda fn: sent.append(1) or real_submit(fn))
+    monkeypatch.setattr(search_mod, "_BESIDE", beside)
+    monkeypatch.setattr(search_mod, "BESIDE_MIN", 0)
+    got, errors = [], []
+
+    def run():
+        try:
+            got.append(answers())
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors and len(got) == 8
+    assert all(g == in_turn for g in got)
+    assert len(sent) == 8 * len(in_turn)
+    # no worker free: the caller runs both sides itself
+    busy = search_mod._Beside(workers=0)
+    monkeypatch.setattr(search_mod, "_BESIDE", busy)
+    assert busy.submit(lambda: 1) is None and answers() == in_turn
+    # the dense side's failure is the caller's
+    monkeypatch.setattr(search_mod, "_BESIDE", search_mod._Beside(workers=1))
+    monkeypatch.setattr(search_mod, "_dense", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("dense side failed")))
+    with pytest.raises(RuntimeError, match="dense side failed"):
+        r.search(queries[0], 7, mode="hybrid")
+    r.close()

@@ -25,7 +25,7 @@ import re
 import sqlite3
 import threading
 from collections import Counter, OrderedDict
-from typing import Iterable, Sequence
+from typing import Iterable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -207,6 +207,18 @@ def best_n(pos: np.ndarray, s: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarr
         pos, s = pos[keep], s[keep]
     order = np.lexsort((pos, -s))
     return pos[order], s[order]
+
+
+class Pruned(NamedTuple):
+    """LexicalIndex.prune()'s result, for finish(): the rows still in the running (None: the
+    query has no term any live row holds), their exact scores where the query's postings were
+    few enough to score whole, and the rows the caller may see (those with `exact` only)."""
+    hashes: np.ndarray
+    found: list
+    n: int
+    eligible: np.ndarray | None
+    rows: np.ndarray | None
+    exact: np.ndarray | None
 
 
 class LexicalIndex:
@@ -401,25 +413,33 @@ class LexicalIndex:
         scoring every posting. MaxScore (Turtle and Flood, 1995): the terms that can lift a row
         the most are read whole until the rest together cannot lift a row they missed past the
         current k-th best; the rest are only looked up for the rows still in the running."""
+        ids, s, _ = self.top_k_and(query, n, allowed)
+        return ids, s
+
+    def top_k_and(self, query: str | np.ndarray, n: int, allowed: np.ndarray | None = None,
+                  also: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """top_k(query, n, allowed) and scores_of(query, also), in one pass: the exact scores of
+        the other side's candidates (hybrid search's dense hits) are read with those of the
+        pruned candidates, each term's postings looked up once for both."""
+        return self.finish(self.prune(query, n, allowed), also)
+
+    def prune(self, query: str | np.ndarray, n: int, allowed: np.ndarray | None = None) -> Pruned:
+        """top_k's first and larger part: the rows still in the running for the top n (every row a
+        query with few postings names, scored). finish() completes it; between the two, hybrid
+        search runs its dense side."""
         hashes = self.query_hashes(query) if isinstance(query, str) else np.asarray(query, np.int64)
         found = self._terms(hashes)
         if not found or n <= 0:
-            return np.zeros(0, np.int64), np.zeros(0, np.float32)
+            return Pruned(hashes, found, n, None, None, None)
         eligible = self.live if allowed is None else (allowed if self.live is None else allowed & self.live)
         if sum(hi - lo for _, _, spans in found for _, lo, hi in spans) <= SPARSE_MAX:
             # few postings: score them all, on the rows they name only (no array over every row)
             got = [self._term_rows(idf, spans) for _, idf, spans in found]
             rows = _sorted_unique(np.concatenate([r for r, _ in got]))
-            if eligible is not None:
-                rows = rows[eligible[rows]]
             exact = np.zeros(len(rows), np.float32)
             for trows, w in got:  # in query-term order, as score_all() adds them
-                at = np.searchsorted(rows, trows).clip(0, max(len(rows) - 1, 0))
-                ok = rows[at] == trows if len(rows) else np.zeros(len(trows), bool)
-                exact[at[ok]] += w[ok]
-            pos = np.flatnonzero(exact > 0)
-            pos, s = best_n(pos, exact[pos], n)
-            return self.ids[rows[pos]], s
+                exact[np.searchsorted(rows, trows)] += w  # each term names a row once; rows holds all
+            return Pruned(hashes, found, n, eligible, rows, exact)
         bounds = [self._bound(idf, spans) for _, idf, spans in found]
         order = sorted(range(len(found)), key=lambda t: -bounds[t])
         rest = [0.0] * (len(order) + 1)  # rest[i]: the bounds of order[i:] summed
@@ -455,13 +475,44 @@ class LexicalIndex:
             i += 1
             if len(part) >= n:
                 theta = max(theta, float(np.partition(part, len(part) - n)[len(part) - n]))
-        # the final scores in query-term order, as score_all() adds them: equal bit for bit
+        return Pruned(hashes, found, n, None, rows, None)
+
+    def finish(self, p: Pruned, also: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(ids, scores) of prune()'s top n, best first, and the scores of the ids `also`."""
+        also = np.zeros(0, np.int64) if also is None else np.asarray(also, np.int64)
+        if p.rows is None:
+            return np.zeros(0, np.int64), np.zeros(0, np.float32), self.scores_of(p.hashes, also)
+        rows, n = p.rows, p.n
+        if p.exact is not None:  # every row the query's terms name, scored: any other scores 0
+            exact = p.exact
+            pos = np.flatnonzero(exact > 0) if p.eligible is None else np.flatnonzero((exact > 0) & p.eligible[rows])
+            pos, s = best_n(pos, exact[pos], n)
+            return self.ids[rows[pos]], s, self._scores_in(rows, exact, also)
+        # the final scores in query-term order, as score_all() adds them: equal bit for bit; the
+        # other side's rows join this pass (only the pruned candidates compete for the top n)
+        at, held = self.rows_of(also)
+        cand = rows
+        if held.any():
+            rows = _sorted_unique(np.concatenate([rows, at[held].astype(np.int64)]))
         exact = np.zeros(len(rows), np.float32)
-        for _, idf, spans in found:
+        for _, idf, spans in p.found:
             exact = self._add_term(exact, rows, idf, spans)
-        pos = np.flatnonzero(exact > 0)
+        mine = np.searchsorted(rows, cand) if len(rows) != len(cand) else np.arange(len(rows))
+        pos = mine[exact[mine] > 0]
         pos, s = best_n(pos, exact[pos], n)
-        return self.ids[rows[pos]], s
+        return self.ids[rows[pos]], s, self._scores_in(rows, exact, also)
+
+    def _scores_in(self, rows: np.ndarray, exact: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        """The scores of ids given those of the sorted `rows` (0 for a live row not among them:
+        it holds no query term; 0 for ids no live row holds)."""
+        out = np.zeros(len(ids), np.float32)
+        if not len(ids) or not len(rows):
+            return out
+        pos, held = self.rows_of(ids)
+        at = np.searchsorted(rows, pos).clip(0, len(rows) - 1)
+        ok = held & (rows[at] == pos)
+        out[ok] = exact[at[ok]]
+        return out
 
     def scores_of(self, query: str | np.ndarray, ids: np.ndarray) -> np.ndarray:
         """BM25 of the given ids (0 for ids no live row holds), as lookup(score_all(query), ids)
