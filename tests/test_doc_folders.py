@@ -168,6 +168,32 @@ def test_sections_come_from_the_page_structure_not_a_markdown_reparse(tmp_path):
     assert "Widget.run(timeout)" in text
 
 
+def test_headings_named_like_share_buttons_are_kept(tmp_path):
+    # trafilatura drops a line reading "Email", "PDF" or "Print" (share buttons): a manual's
+    # sections on the email module or on printing lost their headings, and their subsections
+    # were filed under the section before them
+    page = sphinx_page("Modules", (
+        '<section id="modules"><h1 id="modules">Modules</h1>'
+        f'<section id="decimal"><h2 id="decimal">decimal</h2><p>{PARA}</p></section>'
+        '<section id="email"><span id="new-email"></span><h2 id="email">email</h2>'
+        f'<section id="policy"><h3 id="policy">Policy Framework</h3><p>The policy object of the mail package. {PARA}</p></section></section>'
+        f'<section id="pdf"><h2 id="pdf">PDF</h2><p>Pages are written as portable documents. {PARA}</p></section>'
+        f'<section id="print"><h2 id="print"><code>print</code></h2><p>Write text to the console. {PARA}</p></section></section>'))
+    p = tmp_path / "modules.html"
+    p.write_text(page, encoding="utf-8")
+    ex = extract(p)
+    text = "".join(ex.blocks)
+    tree, _ = heading_paths(page.encode())
+    assert ex.marks.paths == ["Modules", "Modules > decimal", "Modules > email", "Modules > email > Policy Framework",
+                              "Modules > PDF", "Modules > print"]
+    assert set(ex.marks.paths) <= tree
+    i = text.index("The policy object")
+    assert ex.marks.locate(i, i + 10)["section"] == "Modules > email > Policy Framework"
+    i = text.index("Pages are written")
+    assert ex.marks.locate(i, i + 10)["section"] == "Modules > PDF"
+    assert "\ue000" not in text and "## email\n" in text
+
+
 def test_a_doc_build_is_indexed_once_with_what_was_left_out_said(tmp_path, fake_encoder):
     root = doc_build(tmp_path / "html")
     rep = index_corpus(root, tmp_path / "idx", fake_encoder, progress=False)

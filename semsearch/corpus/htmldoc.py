@@ -96,6 +96,23 @@ def strip_permalinks(tree) -> int:
     return len(found)
 
 
+# trafilatura drops a block whose text is a line such as "Email", "PDF", "Print" or "Twitter"
+# (share buttons: trafilatura.utils.RE_FILTER); a manual's section headed "email" (the module)
+# lost its heading, and its subsections were filed under the section before it. A heading's text
+# gets this private-use character at its end before extraction, so no such line matches; _Writer
+# takes it out of everything it writes.
+_KEEP = "\ue000"
+
+
+def keep_headings(tree) -> None:
+    """Mark every h1-h6 of a parsed page so that trafilatura's share-button filter keeps it."""
+    for h in tree.iter("h1", "h2", "h3", "h4", "h5", "h6"):
+        if len(h):  # the text up to its first child is what the filter reads (or that child's tail)
+            h.text = (h.text or "") + _KEEP
+        else:
+            h.text = (h.text or "").rstrip() + _KEEP
+
+
 def read_html(data: bytes, path: Path | str | None = None) -> HtmlDoc:
     """The main content of a page as text (headings as `#` lines, code blocks fenced, list items
     and table rows a line each), its title, and its headings with their offsets. The bytes are
@@ -113,6 +130,7 @@ def read_html(data: bytes, path: Path | str | None = None) -> HtmlDoc:
         raise CorpusError(f"{path}: not a readable HTML page")
     strip_permalinks(tree)
     meta = extract_metadata(tree)
+    keep_headings(tree)
     title = clean_heading(meta.title or "") or None if meta is not None else None
     doc = trafilatura.bare_extraction(tree, include_formatting=True, include_tables=True, include_comments=False,
                                       include_links=False, include_images=False, with_metadata=False)
@@ -123,7 +141,7 @@ def read_html(data: bytes, path: Path | str | None = None) -> HtmlDoc:
     text = out.text()
     if not text:  # nothing the extractor takes for content (a bare list, a tiny page): all its text
         root = tree.find(".//body")
-        text = " ".join((root if root is not None else tree).itertext())
+        text = " ".join((root if root is not None else tree).itertext()).replace(_KEEP, "")
         text = re.sub(r"[ \t]*\n\s*", "\n", re.sub(r"[ \t]+", " ", text)).strip()
         return HtmlDoc(text, title)
     if title is None:
@@ -145,7 +163,7 @@ class _Writer:
         return "".join(self.parts)
 
     def emit(self, s: str, kind: str = "p") -> int:
-        s = s.strip("\n")
+        s = s.replace(_KEEP, "").strip("\n")
         if not s.strip():
             return -1
         if self.parts:
@@ -176,7 +194,7 @@ class _Writer:
     def block(self, el, depth: int) -> None:
         tag = el.tag
         if tag == "head":
-            text = clean_heading(self.inline(el, code_marks=False))
+            text = clean_heading(self.inline(el, code_marks=False).replace(_KEEP, ""))
             m = _LEVEL.match(el.get("rend") or "")
             level = int(m.group(1)) if m else 2
             at = self.emit("#" * level + " " + text, "head") if text else -1
