@@ -363,6 +363,11 @@ class _Beside:
     def __init__(self, workers: int | None = None) -> None:
         n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         self._workers = n - 1 if workers is None else workers  # a core stays the caller's
+        self._reset()
+        if hasattr(os, "register_at_fork"):  # a forked child (a pre-forking server, multiprocessing)
+            os.register_at_fork(after_in_child=self._reset)  # has none of the parent's threads
+
+    def _reset(self) -> None:
         self._free = threading.BoundedSemaphore(self._workers) if self._workers else None
         self._pool = None
         self._lock = threading.Lock()

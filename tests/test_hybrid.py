@@ -205,7 +205,9 @@ def test_dense_side_beside_the_lexical_side_answers_the_same(tmp_path, fake_enco
     """A large index runs a hybrid query's dense side on a worker while the caller prunes the
     lexical side: the same hits and scores as in turn, from many threads at once, filtered or not,
     with a worker free or not, and a failure on the dense side reaches the caller."""
+    import os
     import threading
+    import time
 
     from semsearch import search as search_mod
 
@@ -250,6 +252,24 @@ def test_dense_side_beside_the_lexical_side_answers_the_same(tmp_path, fake_enco
     assert not errors and len(got) == 8
     assert all(g == in_turn for g in got)
     assert len(sent) == 8 * len(in_turn)
+    # a process forked after the workers started has none of them: it starts its own (each
+    # _Beside resets itself in a forked child)
+    if hasattr(os, "fork"):
+        pid = os.fork()
+        if pid == 0:  # the child: one search through a worker, then out without pytest's teardown
+            ok = False
+            try:
+                ok = answers()[:3] == in_turn[:3]
+            finally:
+                os._exit(0 if ok else 1)
+        deadline = time.monotonic() + 120
+        while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if done[0] == 0:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            raise AssertionError("a forked child's hybrid search hung")
+        assert os.waitstatus_to_exitcode(done[1]) == 0
     # no worker free: the caller runs both sides itself
     busy = search_mod._Beside(workers=0)
     monkeypatch.setattr(search_mod, "_BESIDE", busy)
