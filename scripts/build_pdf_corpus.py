@@ -412,12 +412,16 @@ def measure(args) -> None:
                             "section_mrr10": round(float(np.mean([1 / s if s else 0 for s in sec_ranks])), 3)}
         ps = passages(doc, args.passages, rng)
         rep["passages"] = {"n": len(ps)}
-        for mode in ("dense", "lexical", "hybrid"):
-            res = r.search_batch([q for q, _ in ps], k=1, mode=mode)
+        runs = [(m, m, {}) for m in ("dense", "lexical", "hybrid")]
+        for setting in args.hybrid or []:  # other fusions, e.g. dbsf:0.5
+            f, _, a = setting.partition(":")
+            runs.append((f"hybrid {setting}", "hybrid", {"fusion": f, **({"alpha": float(a)} if a else {})}))
+        for label, mode, kw in runs:
+            res = r.search_batch([q for q, _ in ps], k=1, mode=mode, **kw)
             exact = sum(bool(h) and h[0].metadata["page"] == p for (q, p), h in zip(ps, res))
             cover = sum(bool(h) and p in pages_of(h[0]) for (q, p), h in zip(ps, res))
-            rep["passages"][mode] = {"page_exact_top1": round(100 * exact / len(ps), 1),
-                                     "page_within_hit_top1": round(100 * cover / len(ps), 1)}
+            rep["passages"][label] = {"page_exact_top1": round(100 * exact / len(ps), 1),
+                                      "page_within_hit_top1": round(100 * cover / len(ps), 1)}
         report[name] = rep
         print(json.dumps({name: rep}), flush=True)
     (args.out / "measure.json").write_text(json.dumps(report, indent=1), encoding="utf-8")
@@ -453,6 +457,8 @@ def main() -> None:
     m.add_argument("--index-root", type=Path, default=Path("indexes/pdf-corpus"))
     m.add_argument("--passages", type=int, default=300)
     m.add_argument("--only", action="append", help="measure only this document (manual, journal); repeatable")
+    m.add_argument("--hybrid", action="append", metavar="FUSION[:ALPHA]",
+                   help="passages also by hybrid with this fusion (convex, rrf, dbsf) and weight; repeatable")
     args = ap.parse_args()
     build(args) if args.cmd == "build" else measure(args)
 

@@ -279,11 +279,12 @@ def hybrid_run(data: BeirData, qv: np.ndarray, dv: np.ndarray, scores: np.ndarra
     run = {}
     n = max(depth, fusion_.DEPTH)
     for qi, (q, qt) in enumerate(zip(data.query_ids, data.query_texts)):
-        h = lex.query_hashes(qt)
-        lids, _ = lex.top_k(h, fusion_.DEPTH)
+        p = lex.prune(lex.query_hashes(qt), fusion_.DEPTH)
+        lids = lex.finish(p)[0]
         c = np.union1d(idx[qi][: fusion_.DEPTH][idx[qi][: fusion_.DEPTH] >= 0], lids).astype(np.int64)
         d = dv[c] @ qv[qi]
-        fused = fusion_.fuse(d, lex.scores_of(h, c), fusion, alpha)
+        _, _, b, _, held = lex.finish(p, c, terms=True)
+        fused = fusion_.all_terms_first(fusion_.fuse(d, b, fusion, alpha), held, p.n_terms)
         best = fusion_.top(c, fused, n)
         run[q] = {data.doc_ids[c[j]]: float(fused[j]) for j in best if data.doc_ids[c[j]] != q}
     return run

@@ -740,10 +740,11 @@ def _fusion_sides(pool, fusion: str) -> tuple | None:
     """What every hit's fusion arithmetic reads from its query's candidates, worked out once."""
     if pool is None:
         return None
-    cand, d, b = pool
+    cand, d, b = pool[:3]
+    full = pool[3] if len(pool) > 3 else np.zeros(len(cand), bool)
     if fusion == "convex":
-        return cand, d, b, fusion_.minmax(d), fusion_.minmax(b), float(d.min()), float(d.max()), float(b.min()), float(b.max())
-    return cand, d, b, fusion_.ranks(d), fusion_.ranks(b)
+        return cand, d, b, full, fusion_.minmax(d), fusion_.minmax(b), float(d.min()), float(d.max()), float(b.min()), float(b.max())
+    return cand, d, b, full, fusion_.ranks(d), fusion_.ranks(b)
 
 
 def explain_fusion(pool, chunk_id: int, fusion: str, alpha: float, score: float, _sides: tuple | None = None) -> dict[str, Any] | None:
@@ -751,24 +752,29 @@ def explain_fusion(pool, chunk_id: int, fusion: str, alpha: float, score: float,
     sides = _sides if _sides is not None else _fusion_sides(pool, fusion)
     if sides is None:
         return None
-    cand, d, b = sides[:3]
+    cand, d, b, full = sides[:4]
     j = int(np.searchsorted(cand, chunk_id))
     if j >= len(cand) or int(cand[j]) != chunk_id:
         return None
     out: dict[str, Any] = {"method": fusion, "candidates": int(len(cand)), "score": score}
     if fusion == "convex":
-        nd, nb, dmin, dmax, bmin, bmax = sides[3:]
+        nd, nb, dmin, dmax, bmin, bmax = sides[4:]
         out.update(alpha=alpha,
                    dense={"value": float(d[j]), "min": dmin, "max": dmax, "normalized": float(nd[j])},
                    lexical={"value": float(b[j]), "min": bmin, "max": bmax, "normalized": float(nb[j])})
         out["fused"] = float(alpha * nd[j] + (1 - alpha) * nb[j])
         out["formula"] = (f"{alpha:g} x {nd[j]:.4f} + {1 - alpha:g} x {nb[j]:.4f} = {out['fused']:.4f}")
     else:
-        rd, rb = sides[3:]
+        rd, rb = sides[4:]
         out.update(rrf_k=fusion_.RRF_K, dense={"value": float(d[j]), "rank": int(rd[j])},
                    lexical={"value": float(b[j]), "rank": int(rb[j])})
         out["fused"] = 1.0 / (fusion_.RRF_K + int(rd[j])) + 1.0 / (fusion_.RRF_K + int(rb[j]))
         out["formula"] = f"1/({fusion_.RRF_K}+{int(rd[j])}) + 1/({fusion_.RRF_K}+{int(rb[j])}) = {out['fused']:.6f}"
+    # a long query's every term in this chunk: it ranks before the candidates without them
+    out["all_terms"] = bool(full[j])
+    if full[j]:
+        out["fused"] += 1.0
+        out["formula"] += f" + 1 (all query terms, a query of {fusion_.ALL_TERMS_MIN} or more) = {out['fused']:.6f}"
     return out
 
 
@@ -945,10 +951,12 @@ def format_explanation(hit, color: bool = False) -> str:
     if f:
         if f["method"] == "convex":
             dn, ln = f["dense"], f["lexical"]
+            full = f.get("all_terms")
             lines.append(f"  fusion convex (alpha {f['alpha']:g}): {f['alpha']:g} x {dn['normalized']:.4f} "
                          f"[cosine {dn['value']:.4f} in {dn['min']:.4f}..{dn['max']:.4f}] + {1 - f['alpha']:g} x {ln['normalized']:.4f} "
-                         f"[bm25 {ln['value']:.3f} in {ln['min']:.3f}..{ln['max']:.3f}] = {f['fused']:.4f} "
-                         f"(min-max over {f['candidates']} candidates)")
+                         f"[bm25 {ln['value']:.3f} in {ln['min']:.3f}..{ln['max']:.3f}] = {f['fused'] - full:.4f} "
+                         + (f"+ 1 (the chunk holds all query terms) = {f['fused']:.4f} " if full else "")
+                         + f"(min-max over {f['candidates']} candidates)")
         else:
             lines.append(f"  fusion rrf: {f['formula']} (dense rank {f['dense']['rank']}, lexical rank {f['lexical']['rank']} "
                          f"of {f['candidates']} candidates)")

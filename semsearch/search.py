@@ -426,7 +426,8 @@ def _hybrid(g: _Generation, lex, queries, qv, k, allowed, fusion, alpha, pools: 
         di, ds = di[ok], ds[ok]
         # pruned: exactly the exhaustive top, no pass over every row; the dense hits' BM25 read with it
         p = pruned[qi] if pruned is not None else lex.prune(hashes[qi], depth, mask)
-        lids, ls, dl = lex.finish(p, di)
+        long = p.n_terms >= fusion_.ALL_TERMS_MIN  # then: which candidates hold all its terms
+        lids, ls, dl, *held = lex.finish(p, di, terms=long)
         cand = np.union1d(di, lids)  # sorted ids
         if not len(cand):
             out.append([])
@@ -446,9 +447,13 @@ def _hybrid(g: _Generation, lex, queries, qv, k, allowed, fusion, alpha, pools: 
         b = np.zeros(len(cand), np.float32)
         b[np.searchsorted(cand, di)] = dl
         b[np.searchsorted(cand, lids)] = ls
+        full = np.zeros(len(cand), bool)
+        if long:
+            full[np.searchsorted(cand, di)] = fusion_.all_terms(held[1], p.n_terms)
+            full[np.searchsorted(cand, lids)] = fusion_.all_terms(held[0], p.n_terms)
         if pools is not None:
-            pools.append((cand, d, b))
-        fused = fusion_.fuse(d, b, fusion, alpha)
+            pools.append((cand, d, b, full))
+        fused = fusion_.fuse(d, b, fusion, alpha) + full
         out.append([(int(cand[j]), float(fused[j]), float(d[j]), float(b[j])) for j in fusion_.top(cand, fused, k)])
     return out
 

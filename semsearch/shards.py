@@ -154,21 +154,24 @@ class Shard:
         return out
 
     def fill(self, generation: int, qv: np.ndarray, hashes: list[np.ndarray], cands: list[np.ndarray],
-             stats: list[dict]) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-        """Per query: (the candidate ids this shard holds, their cosines, their BM25 scores)."""
+             stats: list[dict]) -> list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+        """Per query: (the candidate ids this shard holds, their cosines, their BM25 scores, how
+        many of the query's terms each holds)."""
         s = self._at(generation)
         out = []
         for v, h, cand, st in zip(qv, hashes, cands, stats):
             if s.empty or not len(cand):
-                out.append((np.zeros(0, np.int64), np.zeros(0, np.float64), np.zeros(0, np.float32)))
+                out.append((np.zeros(0, np.int64), np.zeros(0, np.float64), np.zeros(0, np.float32), np.zeros(0, np.int32)))
                 continue
             held = s.g.docs.held(np.asarray(cand, np.int64))
             vecs = s.g.vectors.reconstruct(held) if len(held) else np.zeros((0, len(v)), np.float32)
             if vecs is None:
                 held, vecs = s.g.docs.get_vectors(held)
             cos = vecs @ np.asarray(v, np.float32) if len(held) else np.zeros(0, np.float32)
-            b = _under(s.lex, st).scores_of(h, held) if s.lex is not None else np.zeros(len(held), np.float32)
-            out.append((np.asarray(held, np.int64), np.asarray(cos, np.float64), b))
+            lex = _under(s.lex, st) if s.lex is not None else None
+            b = lex.scores_of(h, held) if lex is not None else np.zeros(len(held), np.float32)
+            t = lex.terms_of(h, held) if lex is not None and len(h) >= fusion_.ALL_TERMS_MIN else np.zeros(len(held), np.int32)
+            out.append((np.asarray(held, np.int64), np.asarray(cos, np.float64), b, t))
         return out
 
     def chunks(self, generation: int, ids: list[int]) -> dict[int, dict[str, Any]]:
@@ -343,15 +346,19 @@ class ShardedSearch:
                 continue
             d = np.empty(len(cand), np.float64)
             b = np.zeros(len(cand), np.float32)
-            for held, cos, bm in (f[q] for f in filled):
+            t = np.zeros(len(cand), np.int32)
+            for held, cos, bm, terms in (f[q] for f in filled):
                 at = np.searchsorted(cand, held)
                 d[at] = cos
                 b[at] = bm
+                t[at] = terms
             for i, s in dense[q].items():  # the search's own cosines, as one process keeps them
                 d[np.searchsorted(cand, i)] = s
+            # the query's terms some live chunk of the whole index holds, as one process counts them
+            full = fusion_.all_terms(t, sum(1 for h in hashes[q] if stats[q]["df"].get(int(h), 0) > 0))
             if pools is not None:
-                pools.append((cand, d, b))
-            fused = fusion_.fuse(d, b, fusion, alpha)
+                pools.append((cand, d, b, full))
+            fused = fusion_.fuse(d, b, fusion, alpha) + full
             out.append([(int(cand[j]), float(fused[j]), float(d[j]), float(b[j])) for j in fusion_.top(cand, fused, k)])
         return out
 

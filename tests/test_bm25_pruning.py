@@ -28,6 +28,11 @@ def exhaustive(li: LexicalIndex, hashes: np.ndarray, n: int, mask=None):
     return li.top(li.score_all(hashes), n, mask)
 
 
+def held_terms(li: LexicalIndex, hashes: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """How many of the terms each id holds, one term at a time (0 for ids no live row holds)."""
+    return sum((li.lookup(li.score_all(np.array([t])), ids) > 0).astype(np.int32) for t in hashes)
+
+
 @pytest.fixture(scope="module")
 def index():
     rng = np.random.default_rng(7)
@@ -60,6 +65,14 @@ def test_pruned_top_k_equals_the_exhaustive_top(index, monkeypatch, sparse_max):
             e_ids, e_s = exhaustive(index, h, n, mask)
             assert np.array_equal(e_ids, a_ids) and np.array_equal(e_s, a_s), (q, n)
             assert np.array_equal(index.lookup(index.score_all(h), also), a_also), (q, n)
+            # how many of the query's terms each id holds, counted in the same pass
+            p = index.prune(h, n, mask)
+            t_ids, t_s, t_also, t_held, t_also_held = index.finish(p, also, terms=True)
+            assert np.array_equal(t_ids, a_ids) and np.array_equal(t_also, a_also)
+            for got, which in ((t_held, t_ids), (t_also_held, also)):
+                assert np.array_equal(got, held_terms(index, h, which)), (q, n)
+                assert np.array_equal(got, index.terms_of(h, which)), (q, n)
+            assert p.n_terms == sum(index.score_all(np.array([t])).any() for t in h)
     assert checked == 600
 
 

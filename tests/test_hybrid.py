@@ -19,7 +19,7 @@ from semsearch.search import Retriever
 from semsearch.store import lexical
 from semsearch.store.lexical import LexicalIndex
 
-from conftest import SCIFACT
+from conftest import SCIFACT, FakeEncoder
 from test_eval import write_beir
 
 needs_scifact = pytest.mark.skipif(not SCIFACT.exists(), reason="SciFact not found beside the repo (../shared/data/beir/scifact)")
@@ -279,4 +279,63 @@ def test_dense_side_beside_the_lexical_side_answers_the_same(tmp_path, fake_enco
     monkeypatch.setattr(search_mod, "_dense", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("dense side failed")))
     with pytest.raises(RuntimeError, match="dense side failed"):
         r.search(queries[0], 7, mode="hybrid")
+    r.close()
+
+
+class _LovesDecoys(FakeEncoder):
+    """Chunks that say "decoy" point where every query points; the rest elsewhere: a dense side
+    that cannot place the verbatim words of a query."""
+
+    def encode(self, texts, progress=None):
+        texts = [texts] if isinstance(texts, str) else texts
+        out = np.zeros((len(texts), self.dim), np.float32)
+        for i, t in enumerate(texts):
+            out[i, 0 if "decoy" in t.lower() else 1] = 1.0
+        return out
+
+    def encode_queries(self, texts, progress=None):
+        out = np.zeros((len(texts), self.dim), np.float32)
+        out[:, 0] = 1.0
+        return out
+
+
+def test_a_long_query_whose_every_term_a_chunk_holds_ranks_it_first(tmp_path, monkeypatch):
+    corpus = tmp_path / "c"
+    corpus.mkdir()
+    (corpus / "target.txt").write_text("The flux capacitor needs exactly one point twenty one gigawatts of power to travel.\n")
+    for i in range(6):
+        (corpus / f"decoy{i}.txt").write_text(f"Decoy note {i}: the flux capacitor and its power supply, gigawatts and travel plans.\n")
+    (corpus / "other.txt").write_text("Lentils simmer with onion and cumin.\n")
+    enc = _LovesDecoys()
+    index_corpus(corpus, tmp_path / "idx", enc, progress=False)
+    r = Retriever.load(tmp_path / "idx", encoder=enc)
+    long_q = "flux capacitor needs one point twenty one gigawatts"  # 7 distinct terms, all in target.txt
+    for fusion_name in ("convex", "rrf"):
+        hits = r.search(long_q, 3, fusion=fusion_name, explain=True)
+        assert hits[0].source.endswith("target.txt"), (fusion_name, [h.source for h in hits])
+        f = hits[0].explanation["fusion"]
+        assert f["all_terms"] is True and f["fused"] == pytest.approx(hits[0].score) and hits[0].score > 1
+        assert all(h.explanation["fusion"]["all_terms"] is False and h.score < 1 for h in hits[1:])
+    # the dense side alone would not have it first, nor hybrid without the rule
+    assert r.search(long_q, 1, mode="dense")[0].source.split("/")[-1].startswith("decoy")
+    monkeypatch.setattr(fusion, "ALL_TERMS_MIN", 100)
+    assert r.search(long_q, 1)[0].source.split("/")[-1].startswith("decoy")
+    monkeypatch.undo()
+    # a short query is left to the fusion: every decoy holds its terms too, and the dense side likes them
+    short = r.search("flux capacitor gigawatts", 2, explain=True)
+    assert short[0].source.split("/")[-1].startswith("decoy") and not short[0].explanation["fusion"]["all_terms"]
+    # the evaluation harness fuses as search does: the long query finds the target first there too
+    from semsearch.eval import BeirData
+
+    texts = [p.read_text() for p in sorted(corpus.iterdir())]
+    names = [p.name for p in sorted(corpus.iterdir())]
+    data = BeirData(folder=tmp_path, split="test", doc_ids=names, doc_texts=texts, query_ids=["q"], query_texts=[long_q],
+                    qrels={"q": {"target.txt": 1}})
+    lex = LexicalIndex.from_texts(texts)
+    qv, dv = enc.encode_queries([long_q]), enc.encode(texts)
+    from semsearch.eval import exact_search, hybrid_run
+
+    scores, idx = exact_search(qv, dv, 10)
+    run = hybrid_run(data, qv, dv, scores, idx, lex, 10, "convex", fusion.ALPHA)
+    assert max(run["q"], key=run["q"].get) == "target.txt"
     r.close()

@@ -16,8 +16,11 @@ from semsearch.shards import Shard, ShardedSearch, Stale, assign, local_fanout
 
 from conftest import SAMPLE, FakeEncoder
 
-QUERIES = ["How long does a loan decision take?", "lentil soup with cumin", "sleep and recovery after exercise",
-           "printing press", "paper 7 tomatoes"]
+# (the third: six terms, all held by many chunks: the candidates holding every term of a long
+# query rank first, counted on each shard under the whole index's statistics)
+QUERIES = ["How long does a loan decision take?", "lentil soup with cumin", "loan approval takes one business day",
+           "sleep and recovery after exercise", "printing press", "paper 7 tomatoes",
+           "lentil soup simmers slowly with cumin and onion in a pot"]
 WHERES = [None, {"lang": "en"}, ["year>=2005", "year<2020"], "path:*.jsonl", {"lang": {"!=": "en"}}]
 TOPICS = ["loan approval takes one business day", "lentil soup simmers with cumin", "sleep helps muscles recover",
           "printing presses spread books", "tomatoes need sun and water"]

@@ -212,13 +212,20 @@ def best_n(pos: np.ndarray, s: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarr
 class Pruned(NamedTuple):
     """LexicalIndex.prune()'s result, for finish(): the rows still in the running (None: the
     query has no term any live row holds), their exact scores where the query's postings were
-    few enough to score whole, and the rows the caller may see (those with `exact` only)."""
+    few enough to score whole, with how many of the query's terms each holds, and the rows the
+    caller may see (those with `exact` only)."""
     hashes: np.ndarray
     found: list
     n: int
     eligible: np.ndarray | None
     rows: np.ndarray | None
     exact: np.ndarray | None
+    terms: np.ndarray | None = None
+
+    @property
+    def n_terms(self) -> int:
+        """The query's terms that some live row holds (the most a row can hold)."""
+        return len(self.found)
 
 
 class LexicalIndex:
@@ -394,8 +401,10 @@ class LexicalIndex:
             return rows[0], weights[0]
         return np.concatenate(rows), np.concatenate(weights)
 
-    def _add_term(self, acc: np.ndarray, rows: np.ndarray, idf: float, spans: list[tuple[int, int, int]]) -> np.ndarray:
-        """acc (over the sorted global `rows`) plus the term's weights where a row holds it."""
+    def _add_term(self, acc: np.ndarray, rows: np.ndarray, idf: float, spans: list[tuple[int, int, int]],
+                  count: np.ndarray | None = None) -> np.ndarray:
+        """acc (over the sorted global `rows`) plus the term's weights where a row holds it;
+        `count`, where given, plus one there."""
         for j, lo, hi in spans:
             base = int(self.offsets[j])
             a, b = np.searchsorted(rows, [base, int(self.offsets[j + 1])])
@@ -404,7 +413,10 @@ class LexicalIndex:
             local = rows[a:b] - base
             ok, tf = self.parts[j].find_in(lo, hi, local)
             if ok.any():
-                acc[a + np.flatnonzero(ok)] += self._weights_of(j, local[ok], tf, idf)
+                at = a + np.flatnonzero(ok)
+                acc[at] += self._weights_of(j, local[ok], tf, idf)
+                if count is not None:
+                    count[at] += 1
         return acc
 
     def top_k(self, query: str | np.ndarray, n: int, allowed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -437,9 +449,12 @@ class LexicalIndex:
             got = [self._term_rows(idf, spans) for _, idf, spans in found]
             rows = _sorted_unique(np.concatenate([r for r, _ in got]))
             exact = np.zeros(len(rows), np.float32)
+            count = np.zeros(len(rows), np.int32)
             for trows, w in got:  # in query-term order, as score_all() adds them
-                exact[np.searchsorted(rows, trows)] += w  # each term names a row once; rows holds all
-            return Pruned(hashes, found, n, eligible, rows, exact)
+                at = np.searchsorted(rows, trows)  # each term names a row once; rows holds all
+                exact[at] += w
+                count[at] += 1
+            return Pruned(hashes, found, n, eligible, rows, exact, count)
         bounds = [self._bound(idf, spans) for _, idf, spans in found]
         order = sorted(range(len(found)), key=lambda t: -bounds[t])
         rest = [0.0] * (len(order) + 1)  # rest[i]: the bounds of order[i:] summed
@@ -477,41 +492,62 @@ class LexicalIndex:
                 theta = max(theta, float(np.partition(part, len(part) - n)[len(part) - n]))
         return Pruned(hashes, found, n, None, rows, None)
 
-    def finish(self, p: Pruned, also: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(ids, scores) of prune()'s top n, best first, and the scores of the ids `also`."""
+    def finish(self, p: Pruned, also: np.ndarray | None = None, terms: bool = False) -> tuple:
+        """(ids, scores) of prune()'s top n, best first, and the scores of the ids `also`; with
+        `terms`, also how many of the query's terms (of p.n_terms) each of those ids holds:
+        (ids, scores, also's scores, ids' terms, also's terms)."""
         also = np.zeros(0, np.int64) if also is None else np.asarray(also, np.int64)
         if p.rows is None:
-            return np.zeros(0, np.int64), np.zeros(0, np.float32), self.scores_of(p.hashes, also)
+            none = np.zeros(0, np.int64), np.zeros(0, np.float32), self.scores_of(p.hashes, also)
+            return none + (np.zeros(0, np.int32), np.zeros(len(also), np.int32)) if terms else none
         rows, n = p.rows, p.n
         if p.exact is not None:  # every row the query's terms name, scored: any other scores 0
-            exact = p.exact
+            exact, count = p.exact, p.terms
             pos = np.flatnonzero(exact > 0) if p.eligible is None else np.flatnonzero((exact > 0) & p.eligible[rows])
-            pos, s = best_n(pos, exact[pos], n)
-            return self.ids[rows[pos]], s, self._scores_in(rows, exact, also)
-        # the final scores in query-term order, as score_all() adds them: equal bit for bit; the
-        # other side's rows join this pass (only the pruned candidates compete for the top n)
-        at, held = self.rows_of(also)
-        cand = rows
-        if held.any():
-            rows = _sorted_unique(np.concatenate([rows, at[held].astype(np.int64)]))
-        exact = np.zeros(len(rows), np.float32)
-        for _, idf, spans in p.found:
-            exact = self._add_term(exact, rows, idf, spans)
-        mine = np.searchsorted(rows, cand) if len(rows) != len(cand) else np.arange(len(rows))
-        pos = mine[exact[mine] > 0]
+        else:
+            # the final scores in query-term order, as score_all() adds them: equal bit for bit;
+            # the other side's rows join this pass (only the pruned candidates compete for the top n)
+            at, held = self.rows_of(also)
+            cand = rows
+            if held.any():
+                rows = _sorted_unique(np.concatenate([rows, at[held].astype(np.int64)]))
+            exact = np.zeros(len(rows), np.float32)
+            count = np.zeros(len(rows), np.int32) if terms else None
+            for _, idf, spans in p.found:
+                exact = self._add_term(exact, rows, idf, spans, count)
+            mine = np.searchsorted(rows, cand) if len(rows) != len(cand) else np.arange(len(rows))
+            pos = mine[exact[mine] > 0]
         pos, s = best_n(pos, exact[pos], n)
-        return self.ids[rows[pos]], s, self._scores_in(rows, exact, also)
+        out = self.ids[rows[pos]], s, self._values_in(rows, exact, also)
+        return out + (count[pos], self._values_in(rows, count, also)) if terms else out
 
-    def _scores_in(self, rows: np.ndarray, exact: np.ndarray, ids: np.ndarray) -> np.ndarray:
-        """The scores of ids given those of the sorted `rows` (0 for a live row not among them:
+    def _values_in(self, rows: np.ndarray, values: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        """The values of ids given those of the sorted `rows` (0 for a live row not among them:
         it holds no query term; 0 for ids no live row holds)."""
-        out = np.zeros(len(ids), np.float32)
+        out = np.zeros(len(ids), values.dtype)
         if not len(ids) or not len(rows):
             return out
         pos, held = self.rows_of(ids)
         at = np.searchsorted(rows, pos).clip(0, len(rows) - 1)
         ok = held & (rows[at] == pos)
-        out[ok] = exact[at[ok]]
+        out[ok] = values[at[ok]]
+        return out
+
+    def terms_of(self, query: str | np.ndarray, ids: np.ndarray) -> np.ndarray:
+        """How many of the query's terms each id holds (0 for ids no live row holds)."""
+        hashes = self.query_hashes(query) if isinstance(query, str) else np.asarray(query, np.int64)
+        pos, held = self.rows_of(ids)
+        out = np.zeros(len(pos), np.int32)
+        if not held.any():
+            return out
+        rows = pos[held].astype(np.int64)
+        order = np.argsort(rows, kind="stable")
+        acc, count = np.zeros(len(rows), np.float32), np.zeros(len(rows), np.int32)
+        for _, idf, spans in self._terms(hashes):
+            self._add_term(acc, rows[order], idf, spans, count)
+        tmp = np.empty(len(rows), np.int32)
+        tmp[order] = count
+        out[held] = tmp
         return out
 
     def scores_of(self, query: str | np.ndarray, ids: np.ndarray) -> np.ndarray:

@@ -317,9 +317,10 @@ class _LexicalBias:
 def hybrid_ndcg10(qv: np.ndarray, pvec: np.ndarray, qidx: list[int], queries: list[str], lex, positives: dict[int, set[int]],
                   alpha: float) -> float:
     """nDCG@10 of the convex fusion `semsearch query` runs (semsearch/fusion.py) over the passages:
-    the union of both sides' top DEPTH, each scored exactly on both sides, fused."""
+    the union of both sides' top DEPTH, each scored exactly on both sides, fused (a long query's
+    candidates holding all its terms first)."""
     from semsearch.eval import trec_metrics
-    from semsearch.fusion import DEPTH, fuse, top
+    from semsearch.fusion import ALL_TERMS_MIN, DEPTH, all_terms_first, fuse, top
 
     if not qidx:
         return 0.0
@@ -334,6 +335,9 @@ def hybrid_ndcg10(qv: np.ndarray, pvec: np.ndarray, qidx: list[int], queries: li
         dids = np.argpartition(-cos, min(DEPTH, len(cos)) - 1)[:DEPTH]
         cand = np.union1d(dids, lids)
         fused = fuse(cos[cand], acc[cand], "convex", alpha)
+        hashes = lex.query_hashes(queries[q])
+        if len(hashes) >= ALL_TERMS_MIN:  # a long query's chunks holding all its terms first, as search ranks them
+            fused = all_terms_first(fused, lex.terms_of(hashes, lex.ids[cand]), len(lex._terms(hashes)))
         run[str(q)] = {str(int(cand[j])): float(fused[j]) for j in top(cand, fused, 10)}
     return trec_metrics({str(q): {str(p): 1 for p in positives[q]} for q in qidx}, run, [10])["ndcg@10"]
 
