@@ -9,14 +9,15 @@ so no candidate is ranked on half its evidence.
   and grows with query length), so each is mapped to [0, 1] within the query first.
 - `rrf`: reciprocal rank fusion, sum of 1 / (rrf_k + rank) over both sides (rank from 1).
 
-Either way, for a query of ALL_TERMS_MIN or more terms (those some chunk holds), a candidate that
+Either way, for a query of ALL_TERMS_MIN or more terms (those some chunk holds, question words
+such as "how" and "what" not counted: semsearch.store.lexical.QUESTION_WORDS), a candidate that
 holds every one of them ranks before those that do not (`all_terms_first`: +1 to its fused
 score). A long query whose every word one chunk holds is most often that chunk's words (a
 passage, an error message, a line of a table); the dense side, which cannot place verbatim
 strings such as option tables and code, pulled such a chunk below others in hybrid (a rendered
-manual's 10-word passages: the page found 83.3 % by hybrid against 92.3 % by BM25 alone; 93.3 %
-with this). Chosen with SciFact's train queries (nDCG@10 unchanged: 73.69 -> 73.70) and half of
-those passages; docs/design.md has the figures.
+manual's 10-word passages: the page found 83.3 % by hybrid against 92.3 % by BM25 alone; 93.0 %
+with this). Chosen with SciFact's train queries (nDCG@10 73.69 -> 73.70) and half of those
+passages and of the manual's how-to questions; docs/design.md has the figures.
 """
 from __future__ import annotations
 

@@ -36,6 +36,7 @@ from semsearch import filters
 from semsearch import fusion as fusion_
 from semsearch.errors import InputError, SemsearchError
 from semsearch.search import EXACT_BELOW, _dense, _Generation, encode_queries, hits_from
+from semsearch.store.lexical import counted
 
 STALE_RETRIES = 5
 
@@ -355,7 +356,7 @@ class ShardedSearch:
             for i, s in dense[q].items():  # the search's own cosines, as one process keeps them
                 d[np.searchsorted(cand, i)] = s
             # the query's terms some live chunk of the whole index holds, as one process counts them
-            full = fusion_.all_terms(t, sum(1 for h in hashes[q] if stats[q]["df"].get(int(h), 0) > 0))
+            full = fusion_.all_terms(t, sum(1 for h in hashes[q] if stats[q]["df"].get(int(h), 0) > 0 and counted(h)))
             if pools is not None:
                 pools.append((cand, d, b, full))
             fused = fusion_.fuse(d, b, fusion, alpha) + full

@@ -339,3 +339,19 @@ def test_a_long_query_whose_every_term_a_chunk_holds_ranks_it_first(tmp_path, mo
     run = hybrid_run(data, qv, dv, scores, idx, lex, 10, "convex", fusion.ALPHA)
     assert max(run["q"], key=run["q"].get) == "target.txt"
     r.close()
+
+
+def test_question_words_are_not_terms_a_chunk_must_hold(tmp_path):
+    corpus = tmp_path / "c"
+    corpus.mkdir()
+    (corpus / "target.txt").write_text("The flux capacitor needs exactly one point twenty one gigawatts of power to travel.\n")
+    for i in range(6):
+        (corpus / f"decoy{i}.txt").write_text(f"Decoy note {i}: how the flux capacitor and its power supply, gigawatts and travel.\n")
+    enc = _LovesDecoys()
+    index_corpus(corpus, tmp_path / "idx", enc, progress=False)
+    r = Retriever.load(tmp_path / "idx", encoder=enc)
+    # "how" and "can" phrase the question: the target holds its five other terms, no decoy does
+    hit = r.search("how can the flux capacitor need twenty gigawatts", 1, explain=True)[0]
+    assert hit.source.endswith("target.txt") and hit.explanation["fusion"]["all_terms"]
+    assert lexical.counted(lexical.terms("capacitor")[0]) and not lexical.counted(lexical.terms("how")[0])
+    r.close()

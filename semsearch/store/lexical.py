@@ -34,6 +34,11 @@ K1 = 1.2  # Lucene's defaults; on SciFact train 0.9/0.4 measured the same (69.81
 B = 0.75
 MAX_TERMS = 1024  # distinct terms kept from a query (a 100 KB query would otherwise score thousands)
 BLOCK = 128  # postings per block of the pruning bounds (Lucene's block size)
+# Words that phrase a question rather than name its subject: not counted when hybrid search asks
+# which candidates hold all of a long query's terms (semsearch/fusion.py). "how to configure the
+# proxy timeout" asks for the chunks with configure, proxy and timeout, wherever "how" is.
+QUESTION_WORDS = ("how", "what", "why", "when", "where", "which", "who", "whom", "whose", "do", "does", "did",
+                  "can", "could", "should", "would")
 SPARSE_MAX = 1 << 16  # a query whose terms have at most this many postings in all is scored whole
 
 # Lucene's English stop set: frequent words that match nearly every chunk and rank nothing.
@@ -209,6 +214,16 @@ def best_n(pos: np.ndarray, s: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarr
     return pos[order], s[order]
 
 
+@functools.lru_cache(maxsize=1)
+def _question_hashes() -> frozenset[int]:
+    return frozenset(int(h) for w in QUESTION_WORDS for h in terms(w))
+
+
+def counted(term: int) -> bool:
+    """Whether a query term counts among the terms a candidate must hold all of (not a question word)."""
+    return int(term) not in _question_hashes()
+
+
 class Pruned(NamedTuple):
     """LexicalIndex.prune()'s result, for finish(): the rows still in the running (None: the
     query has no term any live row holds), their exact scores where the query's postings were
@@ -224,8 +239,9 @@ class Pruned(NamedTuple):
 
     @property
     def n_terms(self) -> int:
-        """The query's terms that some live row holds (the most a row can hold)."""
-        return len(self.found)
+        """The query's terms that some live row holds, question words left out (the most a row
+        can hold of those finish() counts)."""
+        return sum(1 for h, _, _ in self.found if counted(h))
 
 
 class LexicalIndex:
@@ -450,10 +466,11 @@ class LexicalIndex:
             rows = _sorted_unique(np.concatenate([r for r, _ in got]))
             exact = np.zeros(len(rows), np.float32)
             count = np.zeros(len(rows), np.int32)
-            for trows, w in got:  # in query-term order, as score_all() adds them
+            for (h, _, _), (trows, w) in zip(found, got):  # in query-term order, as score_all() adds them
                 at = np.searchsorted(rows, trows)  # each term names a row once; rows holds all
                 exact[at] += w
-                count[at] += 1
+                if counted(h):
+                    count[at] += 1
             return Pruned(hashes, found, n, eligible, rows, exact, count)
         bounds = [self._bound(idf, spans) for _, idf, spans in found]
         order = sorted(range(len(found)), key=lambda t: -bounds[t])
@@ -513,8 +530,8 @@ class LexicalIndex:
                 rows = _sorted_unique(np.concatenate([rows, at[held].astype(np.int64)]))
             exact = np.zeros(len(rows), np.float32)
             count = np.zeros(len(rows), np.int32) if terms else None
-            for _, idf, spans in p.found:
-                exact = self._add_term(exact, rows, idf, spans, count)
+            for h, idf, spans in p.found:
+                exact = self._add_term(exact, rows, idf, spans, count if count is not None and counted(h) else None)
             mine = np.searchsorted(rows, cand) if len(rows) != len(cand) else np.arange(len(rows))
             pos = mine[exact[mine] > 0]
         pos, s = best_n(pos, exact[pos], n)
@@ -534,7 +551,8 @@ class LexicalIndex:
         return out
 
     def terms_of(self, query: str | np.ndarray, ids: np.ndarray) -> np.ndarray:
-        """How many of the query's terms each id holds (0 for ids no live row holds)."""
+        """How many of the query's terms each id holds, question words left out (0 for ids no
+        live row holds)."""
         hashes = self.query_hashes(query) if isinstance(query, str) else np.asarray(query, np.int64)
         pos, held = self.rows_of(ids)
         out = np.zeros(len(pos), np.int32)
@@ -543,8 +561,9 @@ class LexicalIndex:
         rows = pos[held].astype(np.int64)
         order = np.argsort(rows, kind="stable")
         acc, count = np.zeros(len(rows), np.float32), np.zeros(len(rows), np.int32)
-        for _, idf, spans in self._terms(hashes):
-            self._add_term(acc, rows[order], idf, spans, count)
+        for h, idf, spans in self._terms(hashes):
+            if counted(h):
+                self._add_term(acc, rows[order], idf, spans, count)
         tmp = np.empty(len(rows), np.int32)
         tmp[order] = count
         out[held] = tmp

@@ -321,6 +321,7 @@ def hybrid_ndcg10(qv: np.ndarray, pvec: np.ndarray, qidx: list[int], queries: li
     candidates holding all its terms first)."""
     from semsearch.eval import trec_metrics
     from semsearch.fusion import ALL_TERMS_MIN, DEPTH, all_terms_first, fuse, top
+    from semsearch.store.lexical import counted
 
     if not qidx:
         return 0.0
@@ -337,7 +338,7 @@ def hybrid_ndcg10(qv: np.ndarray, pvec: np.ndarray, qidx: list[int], queries: li
         fused = fuse(cos[cand], acc[cand], "convex", alpha)
         hashes = lex.query_hashes(queries[q])
         if len(hashes) >= ALL_TERMS_MIN:  # a long query's chunks holding all its terms first, as search ranks them
-            fused = all_terms_first(fused, lex.terms_of(hashes, lex.ids[cand]), len(lex._terms(hashes)))
+            fused = all_terms_first(fused, lex.terms_of(hashes, lex.ids[cand]), sum(1 for h, _, _ in lex._terms(hashes) if counted(h)))
         run[str(q)] = {str(int(cand[j])): float(fused[j]) for j in top(cand, fused, 10)}
     return trec_metrics({str(q): {str(p): 1 for p in positives[q]} for q in qidx}, run, [10])["ndcg@10"]
 
