@@ -247,15 +247,21 @@ class DocStore:
         self.db.execute("DROP TABLE IF EXISTS lexical")  # a merged segment's copy of an older layout
         return len(p)
 
-    def iter_vectors(self, batch: int = 8192) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """(ids (n,), vectors (n, d)) in batches (a segment written before format 4)."""
+    def iter_vectors(self, batch: int = 8192, keep=None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """(ids (n,), vectors (n, d)) in batches (a segment written before format 4); `keep(ids)
+        -> bool mask` selects (a batch it keeps nothing of is skipped)."""
         cur = self.db.execute("SELECT id, vector FROM chunks ORDER BY id")
         while rows := cur.fetchmany(batch):
             ids = np.array([r[0] for r in rows], np.int64)
             bad = [r[0] for r in rows if not isinstance(r[1], bytes) or len(r[1]) != len(rows[0][1] or b"") or not r[1]]
             if bad:  # damage inside the database that its page checks cannot see
                 raise IndexFormatError(f"{self.path}: damaged (chunk {bad[0]} has no valid vector); {remedy(self.path.parent)}")
-            yield ids, np.stack([np.frombuffer(r[1], np.float32) for r in rows])
+            vecs = np.stack([np.frombuffer(r[1], np.float32) for r in rows])
+            m = keep(ids) if keep is not None else None
+            if m is None or m.all():
+                yield ids, vecs
+            elif m.any():
+                yield ids[m], vecs[m]
 
     def iter_states_refs(self, batch: int = 4096) -> Iterator[list[tuple[int, str | None, int, int]]]:
         """[(chunk id, state file, first row, tokens)] in batches, for re-pooling."""

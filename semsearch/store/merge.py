@@ -152,7 +152,7 @@ def merge(folder: Path, group: list[dict], seg_id: int, dim: int, manifest) -> d
         counts = store.counts()
         if any("states" not in e for e in group):
             states = store.state_files()
-        vecs = merge_vectors(folder, group, vecfile.file_name(seg_id), dim)
+        vecs = merge_vectors(folder, group, vecfile.file_name(seg_id), dim, deads)
         index = (manifest.index or {})
         requested = index.get("requested", index.get("type", "auto")) if index.get("forced") else "auto"
         target = (index.get("recall") or {}).get("target", 0.95)
@@ -171,21 +171,25 @@ def merge(folder: Path, group: list[dict], seg_id: int, dim: int, manifest) -> d
         store.close()
 
 
-def merge_vectors(folder: Path, group: list[dict], name: str, dim: int) -> VectorFile:
+def merge_vectors(folder: Path, group: list[dict], name: str, dim: int, deads: list[Tombstones] | None = None) -> VectorFile:
     """Write the live vectors of the group's segments, in id order, to the vector file `name`
-    (streamed: one batch in memory) and open it."""
-    ids, batches = live_vectors(folder, group)
+    (streamed: one batch in memory) and open it. `deads`: the segments' tombstones, where the
+    caller has them loaded already."""
+    ids, batches = live_vectors(folder, group, deads)
     vecfile.write_batches(folder / name, ids, dim, (v for _, v in batches))
     return VectorFile(folder / name)
 
 
-def live_vectors(folder: Path, group: list[dict]) -> tuple[np.ndarray, Iterator[tuple[np.ndarray, np.ndarray]]]:
+def live_vectors(folder: Path, group: list[dict], deads: list[Tombstones] | None = None
+                 ) -> tuple[np.ndarray, Iterator[tuple[np.ndarray, np.ndarray]]]:
     """(the live chunk ids of the group's segments in order, an iterator of (ids, vectors) batches
     of them): from each segment's vector file, or its docstore where it was written before
-    format 4."""
+    format 4. `deads`: the segments' tombstones (loaded here where not given)."""
+    if deads is not None and len(deads) != len(group):
+        raise ValueError("live_vectors: one tombstone set a segment")
     sources = []
-    for e in group:
-        dead = Tombstones.load(folder / e["deletes"]) if e.get("deletes") else Tombstones()
+    for at, e in enumerate(group):
+        dead = deads[at] if deads is not None else Tombstones.load(folder / e["deletes"]) if e.get("deletes") else Tombstones()
         keep = (lambda ids, d=dead.chunks: ~np.isin(ids, d)) if len(dead.chunks) else None
         if e.get("vecs"):
             vf = VectorFile(folder / e["vecs"])
@@ -204,11 +208,10 @@ def live_vectors(folder: Path, group: list[dict]) -> tuple[np.ndarray, Iterator[
 
 
 def _docstore_vectors(path: Path, keep):
+    """The kept vectors of a docstore written before format 4, opened for the iteration only."""
     docs = DocStore(path, readonly=True)
     try:
-        for ids, vecs in docs.iter_vectors(65536):
-            m = keep(ids) if keep is not None else None
-            yield (ids, vecs) if m is None else (ids[m], vecs[m])
+        yield from docs.iter_vectors(65536, keep)
     finally:
         docs.close()
 

@@ -261,15 +261,7 @@ class Segment:
 
     def iter_vectors(self, batch: int = 8192, keep=None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """(ids, vectors) of the segment in id order, in batches; `keep(ids) -> mask` selects."""
-        if self.vecs is not None:
-            yield from self.vecs.iter(batch, keep)
-            return
-        for ids, vecs in self.docs.iter_vectors(batch):
-            m = keep(ids) if keep is not None else None
-            if m is None or m.all():
-                yield ids, vecs
-            elif m.any():
-                yield ids[m], vecs[m]
+        yield from (self.vecs.iter(batch, keep) if self.vecs is not None else self.docs.iter_vectors(batch, keep))
 
     def close(self) -> None:
         self.docs.close()
