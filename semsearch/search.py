@@ -406,8 +406,9 @@ BESIDE_MAX_QUERIES = 4  # a larger batch keeps faiss's OpenMP threads on its den
 
 def _hybrid(g: _Generation, lex, queries, qv, k, allowed, fusion, alpha, pools: list | None = None):
     """[(id, fused, cosine, bm25)] per query: the union of both sides' top DEPTH, each
-    candidate scored exactly on both sides, fused, best k. `pools`, where given, gets each
-    query's candidates (ids, cosines, bm25), or None where it has none."""
+    candidate scored exactly on both sides, fused (a long query's candidates that hold all its
+    terms first: semsearch/fusion.py), best k. `pools`, where given, gets each query's candidates
+    (ids, cosines, bm25, all-terms flags), or None where it has none."""
     depth = max(k, fusion_.DEPTH)
     mask = allowed.rows(lex.ids) if allowed is not None else None
     hashes = [lex.query_hashes(q) for q in queries]
