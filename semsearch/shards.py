@@ -170,8 +170,10 @@ class Shard:
                 held, vecs = s.g.docs.get_vectors(held)
             cos = vecs @ np.asarray(v, np.float32) if len(held) else np.zeros(0, np.float32)
             lex = _under(s.lex, st) if s.lex is not None else None
-            b = lex.scores_of(h, held) if lex is not None else np.zeros(len(held), np.float32)
-            t = lex.terms_of(h, held) if lex is not None and len(h) >= fusion_.ALL_TERMS_MIN else np.zeros(len(held), np.int32)
+            if lex is not None:  # the counts only for a query long enough to use them
+                b, t = lex.scores_and_terms_of(h, held, terms=len(h) >= fusion_.ALL_TERMS_MIN)
+            else:
+                b, t = np.zeros(len(held), np.float32), np.zeros(len(held), np.int32)
             out.append((np.asarray(held, np.int64), np.asarray(cos, np.float64), b, t))
         return out
 

@@ -553,39 +553,31 @@ class LexicalIndex:
     def terms_of(self, query: str | np.ndarray, ids: np.ndarray) -> np.ndarray:
         """How many of the query's terms each id holds, question words left out (0 for ids no
         live row holds)."""
-        hashes = self.query_hashes(query) if isinstance(query, str) else np.asarray(query, np.int64)
-        pos, held = self.rows_of(ids)
-        out = np.zeros(len(pos), np.int32)
-        if not held.any():
-            return out
-        rows = pos[held].astype(np.int64)
-        order = np.argsort(rows, kind="stable")
-        acc, count = np.zeros(len(rows), np.float32), np.zeros(len(rows), np.int32)
-        for h, idf, spans in self._terms(hashes):
-            if counted(h):
-                self._add_term(acc, rows[order], idf, spans, count)
-        tmp = np.empty(len(rows), np.int32)
-        tmp[order] = count
-        out[held] = tmp
-        return out
+        return self.scores_and_terms_of(query, ids)[1]
 
     def scores_of(self, query: str | np.ndarray, ids: np.ndarray) -> np.ndarray:
         """BM25 of the given ids (0 for ids no live row holds), as lookup(score_all(query), ids)
         gives them bit for bit, looking up only these rows in each term's postings."""
+        return self.scores_and_terms_of(query, ids, terms=False)[0]
+
+    def scores_and_terms_of(self, query: str | np.ndarray, ids: np.ndarray, terms: bool = True) -> tuple[np.ndarray, np.ndarray]:
+        """scores_of() and terms_of() of the given ids in one pass over the query's terms (the
+        counts stay 0 unless `terms`)."""
         hashes = self.query_hashes(query) if isinstance(query, str) else np.asarray(query, np.int64)
         pos, held = self.rows_of(ids)
-        out = np.zeros(len(pos), np.float32)
+        scores, counts = np.zeros(len(pos), np.float32), np.zeros(len(pos), np.int32)
         if not held.any():
-            return out
+            return scores, counts
         rows = pos[held].astype(np.int64)
         order = np.argsort(rows, kind="stable")
-        acc = np.zeros(len(rows), np.float32)
-        for _, idf, spans in self._terms(hashes):
-            acc = self._add_term(acc, rows[order], idf, spans) if len(rows) else acc
-        tmp = np.empty(len(rows), np.float32)
-        tmp[order] = acc
-        out[held] = tmp
-        return out
+        acc, count = np.zeros(len(rows), np.float32), np.zeros(len(rows), np.int32)
+        for h, idf, spans in self._terms(hashes):
+            acc = self._add_term(acc, rows[order], idf, spans, count if terms and counted(h) else None)
+        for out, got in ((scores, acc), (counts, count)):
+            tmp = np.empty(len(rows), got.dtype)
+            tmp[order] = got
+            out[held] = tmp
+        return scores, counts
 
     def top(self, acc: np.ndarray, n: int, allowed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(ids, scores) of the n best live rows with a positive score in acc, best first;
