@@ -1,7 +1,7 @@
 """An index of 1M-10M chunks on one machine: build, open, memory, query speed, recall, writes.
 
     python scripts/bench_scale.py [--sizes 1000000,3000000] [--queries 1000] [--keep DIR]
-        [--baseline-ref REF] [--baseline-sizes 1000000]
+        [--vector-storage fp16] [--baseline-ref REF] [--baseline-sizes 1000000]
 
 The corpus is scripts/synthetic.py's: chunks of ~200 words (100-300) from a 100k-term Zipf
 vocabulary with topic structure, vectors clustered around 2,000 topic centres (a stand-in encoder
@@ -49,6 +49,20 @@ def rss(kind: str = "VmRSS") -> int:
         return next(int(line.split()[1]) * 1024 for line in fh if line.startswith(kind + ":"))
 
 
+def resident_by_file(folder: Path) -> dict[str, int]:
+    """Resident bytes of each of the index's files mapped into this process (/proc/self/smaps)."""
+    out: dict[str, int] = {}
+    name = None
+    with open("/proc/self/smaps") as fh:
+        for line in fh:
+            head = line.split()
+            if "-" in head[0] and len(head) >= 5 and not head[0].endswith(":"):
+                name = Path(head[5]).name if len(head) > 5 and head[5].startswith(str(folder)) else None
+            elif name and line.startswith("Rss:"):
+                out[name] = out.get(name, 0) + int(head[1]) * 1024
+    return out
+
+
 def written() -> int:
     with open("/proc/self/io") as fh:
         return next(int(line.split()[1]) for line in fh if line.startswith("write_bytes:"))
@@ -71,13 +85,14 @@ def write_corpus(folder: Path, n: int, per_file: int = 50_000) -> None:
 
 
 # ---- the child steps -------------------------------------------------------------------------------
-def child_build(corpus: Path, index: Path) -> dict:
+def child_build(corpus: Path, index: Path, storage: str | None = None) -> dict:
     import semsearch.indexing as indexing
     from synthetic import Corpus, StandInEncoder
 
     enc = StandInEncoder(Corpus())
     t = time.perf_counter()
-    indexing.index_corpus(corpus, index, enc, progress=False)
+    vs = indexing.VectorSettings(storage=storage) if storage else None  # a baseline's code may not know it
+    indexing.index_corpus(corpus, index, enc, progress=False, **({"vectors": vs} if vs else {}))
     return {"seconds": time.perf_counter() - t, "encode_seconds": enc.seconds}
 
 
@@ -137,6 +152,7 @@ def child_measure(index: Path, queries: int) -> dict:
     out["rss_after_queries"] = rss()
     out["anon_after_queries"], out["file_after_queries"] = rss("RssAnon"), rss("RssFile")
     out["anon_before_load"] = r0_anon
+    out["file_pages_by_file"] = resident_by_file(index.resolve())
     # dense recall@10 against exact search over every stored vector
     rq = texts[queries + 2: queries + 202]
     qv = enc.encode(rq)
@@ -215,7 +231,9 @@ def report(label: str, n: int, b: dict, m: dict) -> None:
     if "anon_after_queries" in m:
         print(f"             of which after the queries: heap (RssAnon) {gb(m['anon_after_queries']):.2f} GB "
               f"(+{(m['anon_after_queries'] - m['anon_before_load']) / n:.0f} B a chunk), mapped file pages (RssFile) "
-              f"{gb(m['file_after_queries']):.2f} GB")
+              f"{gb(m['file_after_queries']):.2f} GB"
+              + (" (" + ", ".join(f"{k} {gb(v):.2f}" for k, v in sorted(m["file_pages_by_file"].items())) + ")"
+                 if m.get("file_pages_by_file") else ""))
     for mode in ("dense", "lexical", "hybrid"):
         print(f"{mode:<12} p50 {m[mode]['p50']:7.2f} ms  p99 {m[mode]['p99']:7.2f} ms  (n={m[mode]['n']})")
     print(f"recall@10    {m['recall@10']:.3f} (dense, 200 queries, against exact search; index {m['index']})")
@@ -242,12 +260,13 @@ def main() -> None:
     ap.add_argument("--baseline-ref")
     ap.add_argument("--baseline-sizes", default="1000000")
     ap.add_argument("--measure-only", type=Path)
+    ap.add_argument("--vector-storage", choices=["fp32", "fp16"], help="the current code's builds store vectors so (default fp32)")
     ap.add_argument("--memory-limit", help="measure inside a memory cgroup of this size (page cache included), e.g. 1G")
     ap.add_argument("--child")
     ap.add_argument("rest", nargs="*")
     a = ap.parse_args()
     if a.child == "build":
-        print(json.dumps(child_build(Path(a.rest[0]), Path(a.rest[1]))))
+        print(json.dumps(child_build(Path(a.rest[0]), Path(a.rest[1]), a.rest[2] if len(a.rest) > 2 else None)))
         return
     if a.child == "measure":
         print(json.dumps(child_measure(Path(a.rest[0]), int(a.rest[1]))))
@@ -269,7 +288,7 @@ def main() -> None:
         index = a.keep / f"index-{n}-{'current' if path is None else 'previous'}"
         shutil.rmtree(index, ignore_errors=True)
         print(f"{label}: building {n:,} chunks ...", flush=True)
-        b = run_child_peak("build", [str(corpus), str(index)], path)
+        b = run_child_peak("build", [str(corpus), str(index)] + ([a.vector_storage] if a.vector_storage and path is None else []), path)
         m = run_child_peak("measure", [str(index), str(a.queries)], path, cgroup)
         report(label, n, b, m)
         results[f"{label} {n}"] = {"build": b, "measure": m}

@@ -51,6 +51,7 @@ def index(
     index_type: str = "auto",
     target_recall: float = 0.95,
     max_bytes_per_vector: int | None = None,
+    vector_storage: str | None = None,
     engine: str = "local",
     ray_address: str | None = None,
     workers: int | None = None,
@@ -60,7 +61,8 @@ def index(
     """Index the files under `corpus` (a folder or one file) into the index folder `index`
     (default: $SEMSEARCH_INDEX, else ./indexes/default); an existing index is updated: only new
     or changed files are embedded, deleted ones removed. A `head` trained on another corpus is
-    refused (HeadCorpusMismatch) unless `force`. Gives back the IndexReport.
+    refused (HeadCorpusMismatch) unless `force`. `vector_storage`: "fp16" stores the full vectors
+    at half the size (default: the index's; "fp32" for a new one). Gives back the IndexReport.
 
     >>> semsearch.index("data/sample", "indexes/doc-example", include=["*.md"], rebuild=True, progress=False).added > 0
     True
@@ -79,7 +81,10 @@ def index(
     base = load_base(folder, rebuild)
     enc = encoder_for_index(base, model, pooling, Path(head) if head is not None else None, device, precision)
     chunking = resolve_chunking(base, enc, chunk_tokens, overlap)
-    vs = VectorSettings(index_type=index_type, target_recall=target_recall, max_bytes_per_vector=max_bytes_per_vector, device=device)
+    if vector_storage not in (None, "fp32", "fp16"):
+        raise InputError(f"vector_storage {vector_storage!r}: use 'fp32' or 'fp16'")
+    vs = VectorSettings(index_type=index_type, target_recall=target_recall, max_bytes_per_vector=max_bytes_per_vector, device=device,
+                        storage=vector_storage)
     return index_corpus(corpus, folder, enc, chunking, ReadOptions(text_column, skip_errors), rebuild, progress,
                         keep_states=keep_states, vectors=vs, checksum=checksum, found=found, engine=runner, force=force)
 

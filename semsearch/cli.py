@@ -116,6 +116,8 @@ def main(verbose: bool) -> None:
               help="FAISS index. auto: exact (flat) below 50,000 chunks, else IVF fast scan (4-bit codes in memory) re-ranked exactly against the full vectors, which stay on disk (memory-mapped).")
 @click.option("--target-recall", type=click.FloatRange(0.0, 1.0), default=0.95, show_default=True,
               help="Approximate indexes: tune the search knob (nprobe / efSearch) to the cheapest setting with this recall@10 against exact search.")
+@click.option("--vector-storage", type=click.Choice(["fp32", "fp16"]), default=None,
+              help="How the full vectors are stored on disk (re-ranking and exact search read them): fp16 halves their size and the pages a query touches, at a measured nDCG@10 cost of at most 0.01 on SciFact. Default: the index's; fp32 for a new one.")
 @click.option("--max-bytes-per-vector", type=click.IntRange(min=1), default=None,
               help="Memory budget a vector for auto: below flat's (1,544 B for 384-d), IVF fast scan (64 B in memory) even for small indexes.")
 @click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True,
@@ -126,7 +128,7 @@ def main(verbose: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @handle_errors
 def index(corpus, index, model, pooling, head, device, precision, chunk_tokens, overlap, text_column, skip_errors, checksum, include, exclude,
-          rebuild, force, keep_states, index_type, target_recall, max_bytes_per_vector, engine, ray_address, workers, progress, as_json):
+          rebuild, force, keep_states, index_type, target_recall, vector_storage, max_bytes_per_vector, engine, ray_address, workers, progress, as_json):
     """Index the files under CORPUS (a folder or one file) into an index folder.
 
     Reads .txt .md .rst .csv .tsv .jsonl .json .parquet, and .pdf (text layer) .html .htm .docx,
@@ -143,7 +145,7 @@ def index(corpus, index, model, pooling, head, device, precision, chunk_tokens, 
                        precision=precision, chunk_tokens=chunk_tokens, overlap=overlap, text_column=text_column,
                        skip_errors=skip_errors, checksum=checksum, include=include, exclude=exclude, rebuild=rebuild,
                        keep_states=keep_states, index_type=index_type, target_recall=target_recall,
-                       max_bytes_per_vector=max_bytes_per_vector, engine=engine, ray_address=ray_address, workers=workers,
+                       max_bytes_per_vector=max_bytes_per_vector, vector_storage=vector_storage, engine=engine, ray_address=ray_address, workers=workers,
                        force=force, progress=progress)
     if as_json:
         click.echo(json.dumps(report.as_dict(), indent=2))

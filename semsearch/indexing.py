@@ -211,6 +211,7 @@ class VectorSettings:
     tune_queries: np.ndarray | None = None  # real query vectors; else held-out corpus vectors
     sample: int = 500
     device: str = "auto"  # where faiss builds and tunes: a GPU where faiss-gpu sees one
+    storage: str | None = None  # full vectors on disk: fp32 | fp16 (None: the index's, fp32 for a new one)
 
 
 def finalize_vectors(writer: IndexWriter, dim: int, vs: VectorSettings, base: Manifest | None) -> dict[str, Any]:
@@ -230,7 +231,11 @@ def finalize_vectors(writer: IndexWriter, dim: int, vs: VectorSettings, base: Ma
     writer.vectors, entry = build_vectors(writer.new_vecs, dim, requested, n, vs.target_recall, writer.vectors.params,
                                           vs.k, vs.sample, vs.tune_queries, vs.device, vs.max_bytes_per_vector,
                                           current=writer.vectors)
-    # A type the user forced stays forced through later writes that ask for nothing (upserts).
+    # A type the user forced stays forced through later writes that ask for nothing (upserts);
+    # so does the storage of the full vectors.
+    storage = vs.storage or (base.index.get("storage") if base is not None else None)
+    if storage not in (None, "fp32"):
+        entry["storage"] = storage
     entry["forced"] = requested != "auto"
     if entry["forced"]:
         entry["requested"] = requested

@@ -111,6 +111,28 @@ def running(app):
         t.join(10)
 
 
+def terms_into_docstore(folder, seg: dict) -> None:
+    """Give a segment's docstore rows their lexical terms in the `lex` column, as formats before
+    5 wrote them (read back from its posting file: each row's term hashes and counts)."""
+    import sqlite3
+
+    from semsearch.store import lexical
+
+    p = lexical.open_file(Path(folder) / seg["postings"])
+    rows, tfs = p.span(0, int(p.indptr[-1]))
+    h = np.repeat(p.vocab, np.diff(p.indptr))
+    order = np.lexsort((h, rows))
+    rows, h, tfs = rows[order], h[order], np.asarray(tfs, np.int32)[order]
+    cuts = np.searchsorted(rows, np.arange(len(p.ids) + 1))
+    out = [(h[a:b].tobytes() + tfs[a:b].tobytes(), int(p.lengths[i]), int(p.ids[i]))
+           for i, (a, b) in enumerate(zip(cuts[:-1], cuts[1:]))]
+    del p
+    db = sqlite3.connect(Path(folder) / seg["docs"])
+    db.executemany("UPDATE chunks SET lex = ?, lex_len = ? WHERE id = ?", out)
+    db.commit()
+    db.close()
+
+
 def vectors_into_docstore(folder, seg: dict) -> None:
     """Make a segment entry (edited in place) and its files what formats before 4 wrote: its
     vectors in its docstore's `vector` column, no vector file."""

@@ -17,7 +17,9 @@ from semsearch.corpus import ChunkSettings
 from semsearch.indexing import index_corpus
 from semsearch.search import Retriever
 from semsearch.store import lexical
-from semsearch.store.lexical import LexicalIndex
+from semsearch.store.docstore import ChunkRow
+from semsearch.store.lexical import LexicalIndex, encode_terms
+from semsearch.corpus.titles import chunk_context
 
 from conftest import SCIFACT, FakeEncoder
 from test_eval import write_beir
@@ -120,10 +122,16 @@ def test_update_and_delete_keep_both_sides_in_step(small_corpus, tmp_path, fake_
         for gone in ("meteor comet debris", "mortgage loan credit"):
             assert not any("meteor" in h.text.lower() or "mortgage" in h.text.lower() for h in r.search(gone, 10, mode=mode)), (mode, gone)
     assert r.search("dividends shareholders", 1, mode="lexical")[0].source.endswith("bank.txt")
-    # The stored posting arrays are the current generation's: same as inverting the chunk rows.
+    # The stored posting arrays are the current generation's: the same as analysing the live
+    # chunks again (their context, then their text), and the docstore keeps no copy of the terms.
     stored = r.docs.lexical()
-    rows = list(r.docs.select("c.lex, c.lex_len"))
-    fresh = LexicalIndex.from_rows(np.array([x[0] for x in rows]), [x[1] for x in rows], np.array([x[2] for x in rows]))
+    titles = ChunkSettings.of_index(r.manifest.chunking).titles
+    rows = list(r.docs.select("f.path, c.metadata, c.text, c.lex"))
+    assert rows and all(x[4] is None for x in rows)
+    texts = [ChunkRow(0, None, 0, 0, 0, None, x[3], {}, context=chunk_context(x[1], json.loads(x[2] or "{}"), titles)).lexical_text
+             for x in rows]
+    terms = [encode_terms(t) for t in texts]
+    fresh = LexicalIndex.from_rows(np.array([x[0] for x in rows]), [t[0] for t in terms], np.array([t[1] for t in terms]))
     assert list(stored.ids[stored.live if stored.live is not None else slice(None)]) == list(fresh.ids)
     assert stored.n == fresh.n and stored.average_length == fresh.average_length
     for q in ("dividends lentils", "loan credit", "soup onion cumin"):

@@ -1,7 +1,8 @@
-"""The index on disk, not in memory (format 4): every segment's full vectors are stored once, in
+"""The index on disk, not in memory (format 4, 5): every segment's full vectors are stored once, in
 `vectors.<s>.vec` (memory-mapped; an IVF fast-scan segment's faiss file holds only 4-bit codes
 and re-ranks exactly from the map), not in the docstore; every segment's BM25 postings are in
-`lexical.<s>.bin`, memory-mapped. Opening reads neither whole. Format 2 indexes (vectors inside
+`lexical.<s>.bin`, memory-mapped (since format 5 their only copy: the docstore keeps no terms).
+Opening reads neither whole. `--vector-storage fp16` stores the full vectors at half the size. Format 2 indexes (vectors inside
 faiss, postings in SQLite) and format 3 ones (vectors in the docstore) still open and answer."""
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ def fastscan(tmp_path_factory):
 
 def test_a_fastscan_segment_keeps_codes_in_faiss_and_vectors_in_a_mapped_file(fastscan):
     m = json.loads((fastscan / "manifest.json").read_text())
-    assert m["format_version"] == FORMAT_VERSION == 4
+    assert m["format_version"] == FORMAT_VERSION == 5
     [seg] = m["segments"]
     assert seg["index"]["type"] == "ivf-fastscan" and seg["index"]["params"]["refine"] == "file"
     assert seg["vecs"] == f"vectors.{seg['id']}.vec" and seg["postings"] == f"lexical.{seg['id']}.bin"
@@ -101,7 +102,7 @@ def test_a_format_3_index_answers_and_its_next_writes_store_vectors_once(tmp_pat
     assert sorted(some) == ids.tolist() and vecs.shape == (3, FakeEncoder().dim)
     upsert_documents(idx, [Document("extra", "w1 w2 w3 w4", {})], FakeEncoder())
     m = json.loads((idx / "manifest.json").read_text())
-    assert m["format_version"] == 4 and sum("vecs" in s for s in m["segments"]) == 1  # only the new segment
+    assert m["format_version"] == FORMAT_VERSION and sum("vecs" in s for s in m["segments"]) == 1  # only the new segment
     extra = next(s["min_id"] for s in m["segments"] if "vecs" in s)
     compact(idx)
     m = json.loads((idx / "manifest.json").read_text())
@@ -173,8 +174,8 @@ def test_a_format_2_fastscan_file_with_vectors_inside_still_answers(tmp_path):
 
 
 def test_opening_a_200k_chunk_index_does_not_read_it(tmp_path):
-    """RSS growth of Retriever.load, and after queries, against the index's size on disk: the
-    maps are not read whole. Built with the benchmarks' synthetic builder (dim 32), in a child
+    """RSS growth of Retriever.load, and after queries, against the index's size on disk: load
+    reads nothing whole, and queries leave only the pages of the maps they touched resident. Built with the benchmarks' synthetic builder (dim 32), in a child
     process so the measurement is its own."""
     code = textwrap.dedent(f"""
         import json, sys, numpy as np
@@ -182,27 +183,87 @@ def test_opening_a_200k_chunk_index_does_not_read_it(tmp_path):
         sys.path.insert(0, {str(REPO / 'scripts')!r}); sys.path.insert(0, {str(REPO / 'tests')!r})
         import bench_filters
         from conftest import FakeEncoder
-        def rss():
-            return next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmRSS"))
+        def rss(kind="VmRSS"):
+            return next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith(kind + ":"))
         folder = Path(sys.argv[1])
         bench_filters.build(folder, 200_000, 32, np.random.default_rng(0))
         import faiss  # imported before the first measurement: its own pages are not the index's
         from semsearch.search import Retriever
         disk = sum(p.stat().st_size for p in folder.iterdir())
+        maps = sum(p.stat().st_size for p in folder.iterdir() if p.suffix in (".vec", ".bin"))
         enc = FakeEncoder(dim=32); enc.name, enc.fingerprint = "stand-in", "standin01"
-        r0 = rss()
+        r0, a0, f0 = rss(), rss("RssAnon"), rss("RssFile")
         r = Retriever.load(folder, encoder=enc)
         r1 = rss()
         rng = np.random.default_rng(1)
         for _ in range(50):
             r.search(" ".join(f"w{{x}}" for x in rng.zipf(1.3, 4) % 5000), k=10)
-        print(json.dumps({{"disk": disk, "load": r1 - r0, "queries": rss() - r0}}))
+        print(json.dumps({{"disk": disk, "maps": maps, "load": r1 - r0, "queries": rss() - r0, "anon": rss("RssAnon") - a0,
+                          "file": rss("RssFile") - f0}}))
     """)
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "idx")], capture_output=True, text=True,
                          env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])
     print(f"\n200k chunks: {got['disk'] / 1e6:.0f} MB on disk; RSS +{got['load'] / 1e6:.1f} MB after load, "
-          f"+{got['queries'] / 1e6:.1f} MB after 50 hybrid queries")
+          f"+{got['queries'] / 1e6:.1f} MB after 50 hybrid queries (heap +{got['anon'] / 1e6:.1f} MB, "
+          f"mapped file pages +{got['file'] / 1e6:.1f} MB)")
     assert got["load"] < 0.1 * got["disk"]
-    assert got["queries"] < 0.5 * got["disk"]
+    # The docstore (texts and metadata) is read by SQLite for the hits only, never mapped: resident
+    # file pages are those of the vector and posting maps that queries touched (at dim 32 a page
+    # holds 32 rows, so 50 queries re-ranking 1,000 candidates each touch most of them).
+    assert got["file"] <= 1.05 * got["maps"] < 0.8 * got["disk"]
+    # the heap holds compact structures only: ids, codes, statistics (~100 bytes a chunk)
+    assert got["anon"] < 200 * 200_000
+
+
+def test_fp16_vector_storage_halves_the_vector_files_and_stays_through_writes(tmp_path, fastscan):
+    """`--vector-storage fp16`: every vector file the index writes (its build, an upsert's
+    segment, a merge) holds float16 rows, half the size of float32's; readers get float32, and
+    the answers are the fp32 index's (the same rows, to fp16's precision)."""
+    from semsearch.documents import Document, upsert_documents
+    from semsearch.store.folder import compact
+
+    rows = [json.loads(x) for x in (fastscan.parent / "c" / "r.jsonl").read_text().splitlines()]
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "r.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    idx = tmp_path / "idx"
+    index_corpus(tmp_path / "c", idx, FakeEncoder(), progress=False,
+                 vectors=VectorSettings(index_type="ivf-fastscan", storage="fp16"))
+    m32, m16 = (json.loads((f / "manifest.json").read_text()) for f in (fastscan, idx))
+    assert m16["index"]["storage"] == "fp16" and "storage" not in m32["index"]
+    [s32], [s16] = m32["segments"], m16["segments"]
+    v32, v16 = vecfile.VectorFile(fastscan / s32["vecs"]), vecfile.VectorFile(idx / s16["vecs"])
+    assert (v32.storage, v16.storage) == ("fp32", "fp16") and v16.matrix.dtype == np.float16
+    n, dim = len(v32.ids), v32.dim
+    head = vecfile._vectors_at(n)  # the header and the ids, as before
+    assert (idx / s16["vecs"]).stat().st_size - head == 2 * n * dim == ((fastscan / s32["vecs"]).stat().st_size - head) / 2
+    assert np.array_equal(v16.ids, v32.ids)
+    got = v16.get(v16.ids[:100])
+    assert got.dtype == np.float32 and np.abs(got - v32.get(v32.ids[:100])).max() < 1e-3
+    a, b = Retriever.load(fastscan, encoder=FakeEncoder()), Retriever.load(idx, encoder=FakeEncoder())
+    for q in ("w1 w2 w3", "w10 w200", "w42"):
+        ha, hb = a.search(q, 10, mode="dense"), b.search(q, 10, mode="dense")
+        assert [h.score for h in hb] == pytest.approx([h.score for h in ha], abs=2e-3)
+        assert len({h.id for h in ha} & {h.id for h in hb}) >= 8
+    a.close(), b.close()
+    # an upsert (nothing asked) keeps the index's storage, and so does a merge of everything
+    upsert_documents(idx, [Document("extra", "w1 w2 w3 w4", {})], FakeEncoder())
+    m = json.loads((idx / "manifest.json").read_text())
+    assert m["index"]["storage"] == "fp16" and all(vecfile.VectorFile(idx / s["vecs"]).storage == "fp16" for s in m["segments"])
+    compact(idx)
+    m = json.loads((idx / "manifest.json").read_text())
+    assert len(m["segments"]) == 1 and vecfile.VectorFile(idx / m["segments"][0]["vecs"]).storage == "fp16"
+    assert m["index"]["storage"] == "fp16"
+    assert Retriever.load(idx, encoder=FakeEncoder()).search("w1 w2 w3 w4", 1, mode="lexical")[0].text == "w1 w2 w3 w4"
+
+
+def test_a_vector_file_of_the_wrong_size_for_its_type_is_refused(tmp_path):
+    x = np.random.default_rng(0).standard_normal((20, 8)).astype(np.float32)
+    vecfile.write(tmp_path / "a.vec", np.arange(20), x, "fp16")
+    assert np.allclose(vecfile.VectorFile(tmp_path / "a.vec").get(np.arange(20)), x, atol=2e-3)
+    raw = bytearray((tmp_path / "a.vec").read_bytes())
+    raw[:8] = vecfile.MAGIC  # fp16 rows under the fp32 magic: half the size it says
+    (tmp_path / "b.vec").write_bytes(bytes(raw))
+    with pytest.raises(ValueError, match="truncated or damaged"):
+        vecfile.VectorFile(tmp_path / "b.vec")

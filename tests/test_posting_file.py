@@ -173,3 +173,43 @@ def test_merge_memory_is_bounded_by_the_batch_not_the_input(tmp_path, monkeypatc
     for h in merged.vocab[:: max(len(merged.vocab) // 20, 1)]:
         a, b = li.top_k(np.array([h]), 50), one.top_k(np.array([h]), 50)
         assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_segment_file_with_carried_parts_is_the_file_of_all_its_rows(tmp_path, seed):
+    """write_segment_file: rows inverted from their terms between and around carried posting
+    files (a merge or re-pooling write taking segments in whole, with their deletions), given in
+    any order: byte for byte the file of all the live rows inverted afresh."""
+    rng = np.random.default_rng(seed)
+    parts = [rows(rng, n, first) for n, first in ((30, 1), (40, 1000), (20, 2000), (50, 3000), (10, 5000))]
+    carried = []
+    for j in (3, 1):  # out of order
+        ids, blobs, lens = parts[j]
+        lexical.write_file(tmp_path / f"c{j}.bin", Postings.from_rows(ids, blobs, lens))
+        carried.append((lexical.open_file(tmp_path / f"c{j}.bin"), rng.choice(ids, 5, replace=False)))
+    dead = set(np.concatenate([d for _, d in carried]).tolist())
+    fresh = [k for j in (4, 0, 2) for k in zip(*parts[j])]  # out of order too
+    n = lexical.write_segment_file(tmp_path / "got.bin", np.array([f[0] for f in fresh]), [f[1] for f in fresh],
+                                   np.array([f[2] for f in fresh], np.float32), carried)
+    live = sorted((k for p in parts for k in zip(*p) if int(k[0]) not in dead), key=lambda k: int(k[0]))
+    lexical.write_file(tmp_path / "want.bin", Postings.from_rows(np.array([k[0] for k in live]), [k[1] for k in live],
+                                                                 np.array([k[2] for k in live], np.float32)))
+    assert n == len(live) == sum(len(p[0]) for p in parts) - 10
+    assert (tmp_path / "got.bin").read_bytes() == (tmp_path / "want.bin").read_bytes()
+    with pytest.raises(ValueError, match="row 1010 falls inside"):  # segments hold disjoint id ranges
+        lexical.write_segment_file(tmp_path / "bad.bin", np.array([1010]), [parts[0][1][0]], np.array([1.0], np.float32), carried)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(list("aZq_09 \t\n.,-'é\u00dfÜ\u0130\u212a\x00~") + ["the", "Running", "runs", " of "]),
+                max_size=60).map("".join))
+def test_the_fast_analysis_is_the_regular_expression_s(text):
+    """encode_terms (C-level passes; ASCII texts split after one translate) counts the terms
+    that the plain definition, terms() over _WORD.findall(text.lower()), gives."""
+    from collections import Counter
+
+    assert lexical._words(text) == lexical._WORD.findall(text.lower())
+    counts = Counter(lexical._term(w) for w in lexical._WORD.findall(text.lower()) if w not in lexical.STOPWORDS)
+    h = np.array(sorted(counts), np.int64)
+    want = h.tobytes() + np.array([counts[x] for x in h.tolist()], np.int32).tobytes()
+    assert lexical.encode_terms(text) == (want, sum(counts.values()))

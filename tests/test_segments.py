@@ -13,6 +13,7 @@ import json
 import os
 import random
 import signal
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -21,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import REPO, vectors_into_docstore
+from conftest import REPO, terms_into_docstore, vectors_into_docstore
 from semsearch.documents import Document, create_index, delete_documents, upsert_documents
 from semsearch.indexing import index_corpus
 from semsearch.search import Retriever
@@ -192,6 +193,7 @@ def test_format_1_index_opens_as_one_segment(tmp_path, fake_encoder, small_corpu
     seg = raw.pop("segments")[0]
     raw.pop("next_ids")
     # format 1 had no posting files: its lexical side is read from the docstore's chunk rows
+    terms_into_docstore(folder, seg)
     seg["integrity"]["files"].pop(seg.pop("postings"))
     vectors_into_docstore(folder, seg)  # nor vector files
     raw.update(format_version=1, files={"docs": seg["docs"], "vectors": seg["vectors"]}, integrity=seg["integrity"])
@@ -202,6 +204,16 @@ def test_format_1_index_opens_as_one_segment(tmp_path, fake_encoder, small_corpu
     m = json.loads((folder / "manifest.json").read_text())
     assert m["format_version"] == FORMAT_VERSION and len(m["segments"]) == 2 and m["next_ids"]["chunk"] > seg["max_id"]
     assert Retriever.load(folder, encoder=fake_encoder).search("comet orbit", 1, mode="lexical")[0].text == "comet orbit"
+    # The old segment's terms (docstore rows) and the new one's posting file, merged into one
+    # posting file: the docstore keeps no copy, and every lexical answer is the one before.
+    after = _results(Retriever.load(folder, encoder=fake_encoder))
+    compact(folder)
+    m = json.loads((folder / "manifest.json").read_text())
+    assert len(m["segments"]) == 1 and m["segments"][0]["postings"]
+    db = sqlite3.connect(folder / m["segments"][0]["docs"])
+    assert db.execute("SELECT COUNT(*) FROM chunks WHERE lex IS NOT NULL").fetchone()[0] == 0
+    db.close()
+    assert _results(Retriever.load(folder, encoder=fake_encoder)) == after
 
 
 # ---- kill -9 ----------------------------------------------------------------------------------

@@ -157,6 +157,11 @@ def test_tiny_training_run_through_cli(tmp_path):
     assert va.keys() == vb.keys()
     assert max(float(np.abs(va[i] - vb[i]).max()) for i in va) < 2e-3  # fp16 kept states
     assert a.manifest.pooling == "head" and a.manifest.head["path"] == str(out.resolve())
+    # Re-pooling carries the segments' posting files over (nothing analysed again): the lexical
+    # side answers as the directly built index does
+    for q in ("loan approval", "interest rates mortgage", "meteor comet", "soup"):
+        assert [(h.id, round(h.score, 5)) for h in a.search(q, 5, mode="lexical")] == \
+               [(h.id, round(h.score, 5)) for h in b.search(q, 5, mode="lexical")], q
     r = CliRunner().invoke(main, ["query", "loan approval", "--index", str(idx), "--json", "-k", "3"])
     assert r.exit_code == 0 and len(json.loads(r.output)["hits"]) == 3
 

@@ -153,13 +153,14 @@ def _register(writer, by_seq, stored, statuses, groups, report, encoder, keep_st
     if requested == "auto" and base.get("forced"):
         requested = base.get("type", "auto")
     target = vectors.target_recall if vectors is not None else 0.95
+    storage = (vectors.storage if vectors is not None else None) or base.get("storage")
     tasks = []
     for paths, seqs in groups:
         mine = {s: records[s] for s in sorted(seqs) if s in records}
         if mine:
             tasks.append({"folder": str(writer.folder), "seg_id": writer.segment_id(), "dim": encoder.out_dim,
                           "state_dim": encoder.dim if keep_states else None, "shards": [str(p) for p in paths],
-                          "files": mine, "requested": requested, "target": target})
+                          "files": mine, "requested": requested, "target": target, "storage": storage})
     return tasks
 
 
@@ -182,7 +183,7 @@ def build_segment(task: dict) -> dict:
                 yield rec["first_chunk"] + j, rec["id"], r, v, states[j] if states is not None else None
 
     entry = write_segment(Path(task["folder"]), task["seg_id"], task["dim"], list(files.values()), chunks(),
-                          task["requested"], task["target"], task["state_dim"])
+                          task["requested"], task["target"], task["state_dim"], storage=task.get("storage"))
     short = [s for s, rec in files.items() if got.get(s) != rec["chunks"]]
     if short:
         raise EngineError(f"file #{short[0]}: {got.get(short[0], 0)} chunk(s) staged, its reader made {files[short[0]]['chunks']}")

@@ -1,4 +1,4 @@
-"""The SQLite docstore: source files, their chunks, texts, offsets, metadata and lexical terms
+"""The SQLite docstore: source files, their chunks, texts, offsets and metadata
 (and, in segments written before format 4, their vectors)."""
 from __future__ import annotations
 
@@ -41,8 +41,8 @@ CREATE TABLE IF NOT EXISTS chunks (
     state_file TEXT,                -- with --keep-states: token states in states/<file>, fp16 (state_len, D)
     state_off INTEGER,              -- first token's row in that file
     state_len INTEGER,
-    lex BLOB,                       -- lexical terms: sorted 64-bit term hashes + counts (store/lexical.py)
-    lex_len INTEGER                 -- terms in the chunk, for BM25's length normalisation
+    lex BLOB,                       -- before format 5: lexical terms, sorted 64-bit term hashes + counts
+    lex_len INTEGER                 -- (store/lexical.py) and their number; since, NULL (lexical.<s>.bin holds them)
 );
 CREATE INDEX IF NOT EXISTS chunks_file ON chunks(file_id);
 """
@@ -91,6 +91,8 @@ class DocStore:
         self.path = Path(path)
         self.readonly = readonly
         self._memo = Memo()
+        # A writer's chunks' lexical terms until write_lexical(): (chunk id, term blob, length)
+        self.terms: list[tuple[int, bytes, int]] = []
         if readonly:
             # The first connection also keeps this generation readable after a writer publishes
             # the next one and removes these files: a thread that can no longer open the path
@@ -150,7 +152,14 @@ class DocStore:
     # ---- files ---------------------------------------------------------------------------
     def files(self) -> dict[str, StoredFile]:
         rows = self.db.execute("SELECT id, path, hash, size, mtime_ns, documents, ctime_ns, inode FROM files")
-        return {r[1]: StoredFile(*r) for r in rows}
+        return {r[1]: self.stored_file(r) for r in rows}
+
+    def stored_file(self, r: tuple) -> StoredFile:
+        """A files row (id, path, hash, size, mtime_ns, documents, ctime_ns, inode), checked: damage
+        inside the database that its page checks cannot see (a zeroed path) is an IndexFormatError."""
+        if not (isinstance(r[1], str) and isinstance(r[2], str) and all(type(x) is int for x in (r[0], *r[3:]))):
+            raise IndexFormatError(f"{self.path}: damaged (a file record holds {str(r)[:80]}); {remedy(self.path.parent)}")
+        return StoredFile(*r)
 
     def add_file(self, path: str, hash: str, size: int, mtime_ns: int, now: str, ctime_ns: int = 0, inode: int = 0) -> int:
         cur = self.db.execute(
@@ -176,17 +185,19 @@ class DocStore:
     # ---- chunks --------------------------------------------------------------------------
     def add_chunks(self, rows: list[ChunkRow]) -> np.ndarray:
         """Insert chunks; gives back their new ids (n,). Their vectors go to the segment's vector
-        file (store/vecfile.py), not here: one stored copy."""
+        file (store/vecfile.py) and their lexical terms to its posting file at commit
+        (write_lexical), not here: one stored copy of each."""
         ids = np.empty(len(rows), np.int64)
         for i, r in enumerate(rows):
             cur = self.db.execute(
                 "INSERT INTO chunks (file_id, row, ord, start, end, line, text, metadata,"
-                " state_file, state_off, state_len, lex, lex_len) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " state_file, state_off, state_len) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (r.file_id, r.row, r.ord, r.start, r.end, r.line, r.text,
                  json.dumps(r.metadata, ensure_ascii=False) if r.metadata else None,
-                 *(r.state or (None, None, None)), *lexical.encode_terms(r.lexical_text)),
+                 *(r.state or (None, None, None))),
             )
             ids[i] = cur.lastrowid
+            self.terms.append((int(cur.lastrowid), *lexical.encode_terms(r.lexical_text)))
         return ids
 
     def get_chunks(self, ids: Iterable[int]) -> dict[int, dict[str, Any]]:
@@ -239,13 +250,31 @@ class DocStore:
         except (sqlite3.DatabaseError, UnicodeDecodeError, ValueError, IndexError, TypeError) as e:
             raise IndexFormatError(f"{self.path}: damaged lexical index ({e}); {remedy(self.path.parent)}") from e
 
-    def write_lexical(self) -> int:
-        """Invert the chunks' terms into the segment's posting file beside this docstore
-        (`lexical.<s>.bin`, memory-mapped by readers; at commit); gives back the row count."""
-        p = lexical.invert(self.db)
-        lexical.write_file(self.path.parent / lexical.file_name(self.path.name), p)
+    def write_lexical(self, carried=()) -> int:
+        """Write the segment's posting file beside this docstore (`lexical.<s>.bin`, memory-mapped
+        by readers; at commit) from the terms of the chunks added (those still here), the terms
+        older docstores' rows carry in their `lex` column, and the live rows of `carried` posting
+        sets [(postings, deleted ids)]: the segments a merge or a re-pooling write took in whole
+        (lexical.write_segment_file). Gives back the row count."""
+        alive = np.array([r[0] for r in self.db.execute("SELECT id FROM chunks ORDER BY id")], np.int64)
+        rows = [(i, b, n) for i, b, n in self.db.execute("SELECT id, lex, lex_len FROM chunks WHERE lex IS NOT NULL")]
+        stored = len(rows)
+        if self.terms:
+            mine = np.array([t[0] for t in self.terms], np.int64)
+            held = alive[np.searchsorted(alive, mine).clip(0, max(len(alive) - 1, 0))] == mine if len(alive) else np.zeros(len(mine), bool)
+            rows += [t for t, h in zip(self.terms, held.tolist()) if h]
+        n = lexical.write_segment_file(self.path.parent / lexical.file_name(self.path.name),
+                                       np.array([r[0] for r in rows], np.int64), [r[1] for r in rows],
+                                       np.array([r[2] or 0 for r in rows], np.float32), carried)
+        self.terms = []
         self.db.execute("DROP TABLE IF EXISTS lexical")  # a merged segment's copy of an older layout
-        return len(p)
+        if stored:
+            # rows of an older docstore brought their terms: the posting file holds them now (once,
+            # when a merge or re-pooling write takes such a segment in; VACUUM gives the space back)
+            self.db.execute("UPDATE chunks SET lex = NULL, lex_len = NULL WHERE lex IS NOT NULL")
+            self.db.commit()
+            self.db.execute("VACUUM")
+        return n
 
     def iter_vectors(self, batch: int = 8192, keep=None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """(ids (n,), vectors (n, d)) in batches (a segment written before format 4); `keep(ids)

@@ -276,6 +276,7 @@ class IndexWriter:
         self.index_entry: dict | None = None  # the new segment's vector index entry (finalize_vectors)
         self.states_file = f"{self.gen}.f16"
         self._states = StatesFile(self.folder, self.states_file)  # opened on the first append_states()
+        self.carried: list = []  # posting sets of the segments absorb() took in (lexical.write_segment_file)
         self.extra: list[dict] = []  # segments written elsewhere (engine workers), published with this write
         self._next_segment = self.seg_id + 1
         try:
@@ -343,7 +344,10 @@ class IndexWriter:
 
         moved = [b for b in self.base_segments if not b.dropped]
         for b in moved:
-            copy_live(self.new_docs.db, self.folder / b.entry["docs"], b.dead)
+            postings = b.entry.get("postings")
+            copy_live(self.new_docs.db, self.folder / b.entry["docs"], b.dead, terms=not postings)
+            if postings:  # its lexical rows are taken from its posting file at commit, not analysed again
+                self.carried.append((lexical.open_file(self.folder / postings), b.dead.chunks))
             b.dropped = True
         self.vectors = VectorIndex.create(self.dim, "flat")
         for ids, vecs in live_vectors(self.folder, [b.entry for b in moved])[1]:
@@ -388,9 +392,9 @@ class IndexWriter:
         if new_counts["chunks"] or new_counts["files"]:
             if len(self.new_vecs) != new_counts["chunks"]:
                 raise RuntimeError(f"the new segment holds {new_counts['chunks']} chunks but {len(self.new_vecs)} vectors")
-            self.new_docs.write_lexical()
+            self.new_docs.write_lexical(self.carried)
             self.new_docs.commit()
-            vecfile.write(self.folder / vecfile.file_name(self.seg_id), *self.new_vecs.arrays())
+            vecfile.write(self.folder / vecfile.file_name(self.seg_id), *self.new_vecs.arrays(), seg_index.get("storage"))
             self.vectors.save(self.folder / self.vectors_file)
             for name in (self.docs_file, self.vectors_file):
                 fsync_file(self.folder / name)

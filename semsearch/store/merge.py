@@ -9,7 +9,7 @@ A segment whose deleted chunks pass DELETED_SHARE is rewritten without them; a s
 live chunk is dropped; past MAX_SEGMENTS the two smallest neighbours are merged. Only adjacent
 segments are merged, so segments keep disjoint, increasing id ranges.
 
-A merge copies the live rows (texts, metadata, lexical terms, kept-state references; ids
+A merge copies the live rows (texts, metadata, kept-state references; ids
 unchanged) through SQLite, streams the live rows of the segments' vector files into the merged
 segment's vector file, builds its vector index from that file (no re-encoding; memory holds the
 index, a training sample and one batch), merges the segments' posting files term range by term
@@ -111,9 +111,10 @@ def apply(folder: Path, entries: list[dict], dim: int, manifest, next_segment: i
     return [e for e in out if e["live"] > 0 or e["files"] > 0], next_segment
 
 
-def copy_live(dst: sqlite3.Connection, src: Path, dead: Tombstones) -> None:
+def copy_live(dst: sqlite3.Connection, src: Path, dead: Tombstones, terms: bool = True) -> None:
     """Copy the live files and chunks of the docstore at src into dst (same ids), with the new
-    stat of files the tombstones record."""
+    stat of files the tombstones record. `terms`: with the lexical terms an older docstore's rows
+    carry (False where the segment's posting file is carried instead)."""
     dst.commit()  # SQLite attaches only outside a transaction
     dst.execute("ATTACH DATABASE ? AS src", (str(src),))
     try:
@@ -127,7 +128,8 @@ def copy_live(dst: sqlite3.Connection, src: Path, dead: Tombstones) -> None:
         fcols = ", ".join(c if c in src_file_cols else "0" for c in FILE_COLS.split(", "))
         dst.execute(f"INSERT INTO files ({FILE_COLS}) SELECT {fcols} FROM src.files WHERE id NOT IN (SELECT id FROM dead_files)")
         src_chunk_cols = {r[1] for r in dst.execute("PRAGMA src.table_info(chunks)")}
-        ccols = ", ".join(c if c in src_chunk_cols else "NULL" for c in CHUNK_COLS.split(", "))
+        ccols = ", ".join(c if c in src_chunk_cols and (terms or c not in ("lex", "lex_len")) else "NULL"
+                          for c in CHUNK_COLS.split(", "))
         dst.execute(f"INSERT INTO chunks ({CHUNK_COLS}) SELECT {ccols} FROM src.chunks WHERE id NOT IN (SELECT id FROM dead_chunks)")
         dst.executemany("UPDATE files SET size = ?, mtime_ns = ?, ctime_ns = ?, inode = ? WHERE id = ?",
                         [(*s, f) for f, s in dead.stats.items()])
@@ -146,22 +148,20 @@ def merge(folder: Path, group: list[dict], seg_id: int, dim: int, manifest) -> d
         deads = []
         for e in group:
             dead = Tombstones.load(folder / e["deletes"]) if e.get("deletes") else Tombstones()
-            copy_live(store.db, folder / e["docs"], dead)
+            copy_live(store.db, folder / e["docs"], dead, terms=not e.get("postings"))
             states |= set(e.get("states") or [])
             deads.append(dead)
         counts = store.counts()
         if any("states" not in e for e in group):
             states = store.state_files()
-        vecs = merge_vectors(folder, group, vecfile.file_name(seg_id), dim, deads)
         index = (manifest.index or {})
+        vecs = merge_vectors(folder, group, vecfile.file_name(seg_id), dim, deads, index.get("storage"))
         requested = index.get("requested", index.get("type", "auto")) if index.get("forced") else "auto"
         target = (index.get("recall") or {}).get("target", 0.95)
         vi, entry = build_vectors(vecs, dim, requested, counts["chunks"], target, params=index.get("params"))
-        if all(e.get("postings") for e in group):  # merged from the posting files: bounded memory
-            lexical.write_merged(folder / lexical.file_name(docs_file),
-                                 [(lexical.open_file(folder / e["postings"]), np.sort(d.chunks)) for e, d in zip(group, deads)])
-        else:  # a segment from before posting files: its terms inverted again
-            store.write_lexical()
+        # posting files merged term range by term range (bounded memory); a segment from before
+        # posting files has its terms in its docstore rows, inverted again
+        store.write_lexical([(lexical.open_file(folder / e["postings"]), d.chunks) for e, d in zip(group, deads) if e.get("postings")])
         store.commit()
         vi.save(folder / vectors_file)
         for name in (docs_file, vectors_file):
@@ -171,12 +171,13 @@ def merge(folder: Path, group: list[dict], seg_id: int, dim: int, manifest) -> d
         store.close()
 
 
-def merge_vectors(folder: Path, group: list[dict], name: str, dim: int, deads: list[Tombstones] | None = None) -> VectorFile:
+def merge_vectors(folder: Path, group: list[dict], name: str, dim: int, deads: list[Tombstones] | None = None,
+                  storage: str | None = None) -> VectorFile:
     """Write the live vectors of the group's segments, in id order, to the vector file `name`
-    (streamed: one batch in memory) and open it. `deads`: the segments' tombstones, where the
-    caller has them loaded already."""
+    (streamed: one batch in memory; `storage`: fp32 (None) or fp16) and open it. `deads`: the
+    segments' tombstones, where the caller has them loaded already."""
     ids, batches = live_vectors(folder, group, deads)
-    vecfile.write_batches(folder / name, ids, dim, (v for _, v in batches))
+    vecfile.write_batches(folder / name, ids, dim, (v for _, v in batches), storage)
     return VectorFile(folder / name)
 
 
@@ -260,12 +261,16 @@ def build_vectors(vecs, dim: int, requested: str, n: int, target: float, params:
 
 def summary(entries: list[dict], new_index: dict) -> dict[str, Any]:
     """The manifest's `index` entry: the largest segment's (its type is what searches mostly
-    run on), whether the type was forced, and the types of all segments."""
+    run on), whether the type was forced, the storage of new full vectors, and the types of all
+    segments."""
     if not entries:
         return dict(new_index)
     big = max(entries, key=lambda e: e["live"])
     out = dict(big.get("index") or {"type": "flat"})
     out["forced"] = bool(new_index.get("forced"))
+    out.pop("storage", None)
+    if new_index.get("storage"):  # how the next segments store their full vectors (--vector-storage)
+        out["storage"] = new_index["storage"]
     if out["forced"]:
         out["type"] = new_index.get("requested", new_index.get("type", out.get("type")))
     kinds: dict[str, int] = {}

@@ -24,7 +24,8 @@ from semsearch.store.vectors import VectorIndex
 
 def write_segment(folder: Path, seg_id: int, dim: int, files: list[dict[str, Any]],
                   chunks: Iterable[tuple[int, int, Any, np.ndarray, Any]], requested: str = "auto",
-                  target_recall: float = 0.95, state_dim: int | None = None, params: dict | None = None) -> dict[str, Any]:
+                  target_recall: float = 0.95, state_dim: int | None = None, params: dict | None = None,
+                  storage: str | None = None) -> dict[str, Any]:
     """Write segment `seg_id` into `folder`: `files` are file records with their ids (id, path,
     hash, size, mtime_ns, ctime_ns, inode, documents, indexed_at); `chunks` yields (chunk id,
     file id, ChunkRow, vector, token states (T, D) or (token states, token table (T, 3)) or None) in id order. Gives back its manifest entry."""
@@ -48,17 +49,17 @@ def write_segment(folder: Path, seg_id: int, dim: int, files: list[dict[str, Any
             if st is not None:  # token states, or (token states, token table)
                 ref = kept.append(*st) if isinstance(st, tuple) else kept.append(st)
             db.execute("INSERT INTO chunks (id, file_id, row, ord, start, end, line, text, metadata, state_file,"
-                       " state_off, state_len, lex, lex_len) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                       " state_off, state_len) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                        (int(cid), int(file_id), r.row, r.ord, r.start, r.end, r.line, r.text,
-                        json.dumps(r.metadata, ensure_ascii=False) if r.metadata else None,
-                        *ref, *lexical.encode_terms(r.lexical_text)))
+                        json.dumps(r.metadata, ensure_ascii=False) if r.metadata else None, *ref))
+            store.terms.append((int(cid), *lexical.encode_terms(r.lexical_text)))  # to its posting file
             ids.append(int(cid))
             vecs.append(np.asarray(v, np.float32))
         held = np.array(ids, np.int64)
         matrix = np.stack(vecs) if vecs else np.zeros((0, dim), np.float32)
         vi.add(held, matrix)
         order = np.argsort(held, kind="stable")
-        vecfile.write(folder / vecfile.file_name(seg_id), held[order], matrix[order])
+        vecfile.write(folder / vecfile.file_name(seg_id), held[order], matrix[order], storage)
         del vecs, matrix
         vf = VectorFile(folder / vecfile.file_name(seg_id))
         vi, index = build_vectors(vf, dim, requested, store.counts()["chunks"], target_recall, params=params, current=vi)

@@ -123,7 +123,7 @@ def live_files(store: DocStore, dead: Tombstones, paths: list[str] | None = None
         held = []
         for at in range(0, len(paths), 500):
             part = paths[at : at + 500]
-            held += [StoredFile(*r) for r in store.db.execute(
+            held += [store.stored_file(r) for r in store.db.execute(
                 "SELECT id, path, hash, size, mtime_ns, documents, ctime_ns, inode FROM files"
                 f" WHERE path IN ({','.join('?' * len(part))})", part)]
     gone = set(dead.files.tolist())

@@ -13,7 +13,9 @@ the pages of its few thousand candidates (the kernel's page cache, not this proc
 and opening the file reads nothing.
 
 Layout (little-endian): MAGIC (8 bytes), n and dim (int64 each), then the n chunk ids (int64,
-sorted), padding to 64 bytes, then the n x dim float32 vectors in the order of the ids. Integrity
+sorted), padding to 64 bytes, then the n x dim float32 vectors in the order of the ids; or, under
+MAGIC_F16 (an index built with `--vector-storage fp16`), float16 ones: half the bytes on disk and
+half the pages a query's re-ranking touches, every reader given them as float32. Integrity
 (size, fingerprint, sha256) is recorded in the manifest like every data file. Why by hand, not
 `.npy`/`.npz`: numpy parses an `.npy` header with `ast.literal_eval`, which is not safe from
 several threads on CPython 3.11 (python/cpython#106905), and readers open segments from many.
@@ -28,7 +30,9 @@ from typing import Iterable, Iterator
 import numpy as np
 
 MAGIC = b"SSVEC\x00\x01\x00"
+MAGIC_F16 = b"SSVEC\x00\x02\x00"
 HEAD = len(MAGIC) + 16
+STORAGE = {"fp32": (MAGIC, "<f4"), "fp16": (MAGIC_F16, "<f2")}  # --vector-storage: magic, row type
 
 
 def file_name(seg_id: int) -> str:
@@ -40,28 +44,30 @@ def _vectors_at(n: int) -> int:
     return -(-(HEAD + 8 * n) // 64) * 64
 
 
-def write(path: Path, ids: np.ndarray, vectors: np.ndarray) -> None:
-    """Write (sorted ids, their vectors) to path, fsynced."""
+def write(path: Path, ids: np.ndarray, vectors: np.ndarray, storage: str | None = None) -> None:
+    """Write (sorted ids, their vectors) to path, fsynced; `storage`: fp32 (None) or fp16."""
     vectors = np.asarray(vectors, np.float32)
     dim = vectors.shape[1] if vectors.ndim == 2 else 0
-    write_batches(path, ids, dim, [vectors] if len(vectors) else [])
+    write_batches(path, ids, dim, [vectors] if len(vectors) else [], storage)
 
 
-def write_batches(path: Path, ids: np.ndarray, dim: int, batches: Iterable[np.ndarray]) -> None:
+def write_batches(path: Path, ids: np.ndarray, dim: int, batches: Iterable[np.ndarray], storage: str | None = None) -> None:
     """Write a vector file whose (sorted) ids are known and whose rows come in batches, in id
-    order: memory bounded by one batch however large the file (a merge of segments). fsynced."""
+    order: memory bounded by one batch however large the file (a merge of segments). fsynced.
+    `storage`: the rows' type, fp32 (None) or fp16."""
+    magic, row = STORAGE[storage or "fp32"]
     ids = np.ascontiguousarray(ids, "<i8")
     n = len(ids)
     if n > 1 and not (np.diff(ids) > 0).all():
         raise ValueError("a vector file needs sorted unique ids, one per vector")
-    head = MAGIC + np.array([n, dim if n else 0], "<i8").tobytes()
+    head = magic + np.array([n, dim if n else 0], "<i8").tobytes()
     rows = 0
     with open(path, "wb") as fh:
         fh.write(head)
         fh.write(ids.tobytes())
         fh.write(b"\0" * (_vectors_at(n) - HEAD - 8 * n))
         for b in batches:
-            b = np.ascontiguousarray(b, "<f4")
+            b = np.ascontiguousarray(b, row)
             if len(b) and (b.ndim != 2 or b.shape[1] != dim):
                 raise ValueError(f"vectors of dimension {b.shape[-1]} for a file of dimension {dim}")
             fh.write(b.tobytes())
@@ -84,16 +90,19 @@ class VectorFile:
                 raise ValueError(f"{self.path.name}: not a vector file (too short)")
             self._map = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) if size else None
         raw = self._map
-        if raw is None or raw[: len(MAGIC)] != MAGIC:
+        kind = next((k for k, (magic, _) in STORAGE.items() if raw is not None and raw[: len(magic)] == magic), None)
+        if kind is None:
             raise ValueError(f"{self.path.name}: not a vector file")
+        row = np.dtype(STORAGE[kind][1])
         n, dim = (int(x) for x in np.frombuffer(raw, "<i8", 2, len(MAGIC)))
-        if n < 0 or dim < 0 or size != _vectors_at(n) + 4 * n * dim:
+        if n < 0 or dim < 0 or size != _vectors_at(n) + row.itemsize * n * dim:
             raise ValueError(f"{self.path.name}: truncated or damaged (size {size})")
         if hasattr(raw, "madvise") and hasattr(mmap, "MADV_RANDOM"):
             raw.madvise(mmap.MADV_RANDOM)  # a query reads scattered rows: no read-ahead around them
         self.ids = np.frombuffer(raw, "<i8", n, HEAD)
-        self.matrix = np.frombuffer(raw, "<f4", n * dim, _vectors_at(n)).reshape(n, dim)
+        self.matrix = np.frombuffer(raw, row, n * dim, _vectors_at(n)).reshape(n, dim)  # float32 or float16
         self.dim = dim
+        self.storage = kind
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -191,6 +200,7 @@ class MemoryVectors:
             self._sorted = (have[keep], mat[keep])
             self._ids, self._vecs = [self._sorted[0]], [self._sorted[1]]
 
+    storage = "fp32"
     rows = VectorFile.rows
     get = VectorFile.get
     found = VectorFile.found
