@@ -214,6 +214,14 @@ class VectorSettings:
     storage: str | None = None  # full vectors on disk: fp32 | fp16 (None: the index's, fp32 for a new one)
 
 
+def _keep_storage(entry: dict[str, Any], vs: VectorSettings, base: Manifest | None) -> None:
+    """Record in a new segment's index entry how its full vectors are stored (--vector-storage, else
+    the index's own; fp32 is recorded by leaving it out)."""
+    storage = vs.storage or (base.index.get("storage") if base is not None else None)
+    if storage not in (None, "fp32"):
+        entry["storage"] = storage
+
+
 def finalize_vectors(writer: IndexWriter, dim: int, vs: VectorSettings, base: Manifest | None) -> dict[str, Any]:
     """The vector index of the writer's new segment: the type for its size (a small segment is
     flat whatever was asked: searched exactly), built and tuned to the recall target; gives back
@@ -233,9 +241,7 @@ def finalize_vectors(writer: IndexWriter, dim: int, vs: VectorSettings, base: Ma
                                           current=writer.vectors)
     # A type the user forced stays forced through later writes that ask for nothing (upserts);
     # so does the storage of the full vectors.
-    storage = vs.storage or (base.index.get("storage") if base is not None else None)
-    if storage not in (None, "fp32"):
-        entry["storage"] = storage
+    _keep_storage(entry, vs, base)
     entry["forced"] = requested != "auto"
     if entry["forced"]:
         entry["requested"] = requested
@@ -321,6 +327,7 @@ def index_corpus(
         entry["forced"] = req != "auto"
         if entry["forced"]:
             entry["requested"] = req
+        _keep_storage(entry, vs, base)  # the run's segments are stored as its end's will be
         m = manifest_for(w, entry)
         m.last_run = {k: v for k, v in report.as_dict().items() if k not in ("totals", "index")}
         m.last_run.update(at=now(), partial=True)

@@ -217,7 +217,7 @@ def test_opening_a_200k_chunk_index_does_not_read_it(tmp_path):
     assert got["anon"] < 200 * 200_000
 
 
-def test_fp16_vector_storage_halves_the_vector_files_and_stays_through_writes(tmp_path, fastscan):
+def test_fp16_vector_storage_halves_the_vector_files_and_stays_through_writes(tmp_path, fastscan, monkeypatch):
     """`--vector-storage fp16`: every vector file the index writes (its build, an upsert's
     segment, a merge) holds float16 rows, half the size of float32's; readers get float32, and
     the answers are the fp32 index's (the same rows, to fp16's precision)."""
@@ -256,6 +256,15 @@ def test_fp16_vector_storage_halves_the_vector_files_and_stays_through_writes(tm
     assert len(m["segments"]) == 1 and vecfile.VectorFile(idx / m["segments"][0]["vecs"]).storage == "fp16"
     assert m["index"]["storage"] == "fp16"
     assert Retriever.load(idx, encoder=FakeEncoder()).search("w1 w2 w3 w4", 1, mode="lexical")[0].text == "w1 w2 w3 w4"
+    # a long run's segments, published as it goes, are stored so too
+    seen, real = [], vecfile.write_batches
+    monkeypatch.setattr(vecfile, "write_batches", lambda path, ids, dim, b, storage=None: (seen.append(storage), real(path, ids, dim, b, storage))[1])
+    (tmp_path / "c" / "r.jsonl").unlink()
+    for j in range(3):
+        (tmp_path / "c" / f"r{j}.jsonl").write_text("\n".join(json.dumps(r) for r in rows[j * 1000 : (j + 1) * 1000]))
+    index_corpus(tmp_path / "c", tmp_path / "rolled", FakeEncoder(), progress=False, segment_chunks=900,
+                 vectors=VectorSettings(storage="fp16"))
+    assert len(seen) >= 3 and set(seen) == {"fp16"}  # segments published as the run went, and their merge
 
 
 def test_a_vector_file_of_the_wrong_size_for_its_type_is_refused(tmp_path):
