@@ -394,6 +394,8 @@ def _nothing_to_do(folder: Path, base: Manifest, files, root: Path, encoder, vec
         return False
     if vs.target_recall != (base.index.get("recall") or {}).get("target", VectorSettings.target_recall):
         return False
+    if (vs.storage or base.index.get("storage") or "fp32") != (base.index.get("storage") or "fp32"):
+        return False  # recorded for the next segments; `semsearch compact` rewrites the stored ones
     from semsearch.store.lexical import has_terms
     from semsearch.store.segments import Tombstones, live_files
 

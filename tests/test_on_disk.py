@@ -276,3 +276,23 @@ def test_a_vector_file_of_the_wrong_size_for_its_type_is_refused(tmp_path):
     (tmp_path / "b.vec").write_bytes(bytes(raw))
     with pytest.raises(ValueError, match="truncated or damaged"):
         vecfile.VectorFile(tmp_path / "b.vec")
+
+
+def test_an_fp32_index_turns_fp16_by_a_run_with_the_setting_then_compact(tmp_path, fastscan):
+    """An unchanged corpus indexed again with --vector-storage fp16 records the setting (no file
+    re-encoded); `compact` then rewrites the stored vectors in it."""
+    import shutil
+
+    from semsearch.store.folder import compact
+
+    idx = tmp_path / "idx"
+    shutil.copytree(fastscan, idx)
+    enc = FakeEncoder()
+    rep = index_corpus(fastscan.parent / "c", idx, enc, progress=False, vectors=VectorSettings(storage="fp16"))
+    assert rep.added == 0 and enc.calls == 0
+    assert json.loads((idx / "manifest.json").read_text())["index"]["storage"] == "fp16"
+    compact(idx)
+    m = json.loads((idx / "manifest.json").read_text())
+    assert [vecfile.VectorFile(idx / s["vecs"]).storage for s in m["segments"]] == ["fp16"]
+    a, b = Retriever.load(fastscan, encoder=enc), Retriever.load(idx, encoder=enc)
+    assert [h.id for h in a.search("w5 w6 w7", 5, mode="lexical")] == [h.id for h in b.search("w5 w6 w7", 5, mode="lexical")]

@@ -50,11 +50,14 @@ def level(live: int) -> int:
     return 0 if live < BASE else int(math.log10(live / BASE)) + 1
 
 
-def plan(entries: list[dict], everything: bool = False) -> list[tuple[int, int]]:
-    """Ranges [a, b) of adjacent entries to merge, in order and disjoint (each becomes one segment)."""
+def plan(entries: list[dict], everything: bool = False, stale=None) -> list[tuple[int, int]]:
+    """Ranges [a, b) of adjacent entries to merge, in order and disjoint (each becomes one segment).
+    `everything`: all into one, or a lone segment rewritten where it has deletions or `stale(entry)`
+    says its files are not what the index writes now."""
     n = len(entries)
     if everything:
-        return [(0, n)] if n > 1 or (n == 1 and entries[0]["rows"] > entries[0]["live"]) else []
+        rewrite = n == 1 and (entries[0]["rows"] > entries[0]["live"] or (stale is not None and stale(entries[0])))
+        return [(0, n)] if n > 1 or rewrite else []
     sizes = [int(e["live"]) for e in entries]
     groups: list[list[int]] = [[i] for i in range(n)]  # current grouping, merged step by step
     gsize = list(sizes)
@@ -97,9 +100,14 @@ def apply(folder: Path, entries: list[dict], dim: int, manifest, next_segment: i
         merged = merge(Path(folder), entries[-tail:], next_segment, dim, manifest)
         log.info("merged the run's %d segments into segment %d (%d chunks)", tail, next_segment, merged["live"])
         entries, next_segment = entries[:-tail] + [merged], next_segment + 1
+    want = (getattr(manifest, "index", None) or {}).get("storage") or "fp32"
+
+    def stale(e: dict) -> bool:  # an older format's files, or vectors stored otherwise than asked
+        return not e.get("vecs") or not e.get("postings") or VectorFile(Path(folder) / e["vecs"]).storage != want
+
     out: list[dict] = []
     at = 0
-    for a, b in plan(entries, everything):
+    for a, b in plan(entries, everything, stale):
         out += entries[at:a]
         t = time.perf_counter()
         out.append(merge(Path(folder), entries[a:b], next_segment, dim, manifest))
