@@ -332,6 +332,8 @@ def index_corpus(
         m.last_run = {k: v for k, v in report.as_dict().items() if k not in ("totals", "index")}
         m.last_run.update(at=now(), partial=True)
         w.commit(m, merge="none", rolled=True)
+        if cache is not None:  # its files are published: a run resumed after this one skips them
+            cache.forget()
         log.info("published %d chunks so far as a segment", m.counts["chunks"])
         holder[0] = IndexWriter(folder, encoder.out_dim, Manifest.load(folder))
         return holder[0]

@@ -353,6 +353,31 @@ def test_a_killed_long_run_resumes_from_its_last_segment(tmp_path, fake_encoder)
     assert not verify(folder)
 
 
+def test_a_long_run_keeps_one_segment_of_vectors_in_its_resume_cache(tmp_path, fake_encoder, monkeypatch):
+    """The resume cache serves a run killed before it publishes; a long run publishes a segment at
+    a time, and what it published is not embedded again on resume: the cache drops it, so it holds
+    at most one segment's vectors, not the whole run's."""
+    import sqlite3
+
+    from semsearch.store import folder as folder_
+
+    src = _corpus(tmp_path / "c")
+    real, held = folder_.IndexWriter.commit, []
+
+    def commit(self, manifest, merge="auto", rolled=False):
+        path = self.folder / "resume.sqlite"
+        if path.exists():
+            db = sqlite3.connect(path)
+            held.append((db.execute("SELECT COUNT(*) FROM vectors").fetchone()[0], self.docs.new.counts()["chunks"]))
+            db.close()
+        return real(self, manifest, merge, rolled)
+
+    monkeypatch.setattr(folder_.IndexWriter, "commit", commit)
+    index_corpus(src, tmp_path / "idx", fake_encoder, progress=False, segment_chunks=5)
+    assert len(held) >= 3
+    assert all(cached == mine for cached, mine in held)  # the segment being published, and nothing before it
+
+
 def test_tombstones_round_trip_detect_damage_and_build_no_ast(tmp_path):
     """Readers load tombstones from many threads; numpy's .npy reader builds an AST for each header
     (ast.literal_eval), which can fail with SystemError when two threads do it at once on CPython
