@@ -309,7 +309,10 @@ def compact(index, as_json):
     Writes add small segments and record deletions beside them; a merge policy keeps their
     number bounded as part of later writes. This does all the merging at once, as one new
     generation (readers keep the previous one until it is published): before copying the index
-    elsewhere, or after deleting much of it.
+    elsewhere, or after deleting much of it. A lone segment is rewritten too where an earlier
+    version wrote it, or where its vectors are stored otherwise than the index now asks
+    (`semsearch index --vector-storage fp16` on an unchanged corpus records that, then this
+    rewrites them).
     """
     from semsearch.store import index_path
     from semsearch.store.folder import compact as compact_index

@@ -541,8 +541,8 @@ def verify(folder: Path) -> list[str]:
 
 def compact(folder: Path) -> dict:
     """Merge every segment of an index into one without its deleted chunks, as one new generation
-    (what the merge policy does piecemeal, done at once); gives back the segment and chunk
-    counts before and after."""
+    (what the merge policy does piecemeal, done at once; a lone segment of an older format or
+    another vector storage is rewritten); gives back the segment and chunk counts before and after."""
     import dataclasses
     import time
 
