@@ -211,7 +211,7 @@ class _NoEncoder:
 
 def test_dense_side_beside_the_lexical_side_answers_the_same(tmp_path, fake_encoder, monkeypatch):
     """A large index runs a hybrid query's dense side on a worker while the caller prunes the
-    lexical side: the same hits and scores as in turn, from many threads at once, filtered or not,
+    lexical side: the same hits and scores as in turn, from many threads and asyncio tasks at once, filtered or not,
     with a worker free or not, and a failure on the dense side reaches the caller."""
     import os
     import threading
@@ -260,6 +260,13 @@ def test_dense_side_beside_the_lexical_side_answers_the_same(tmp_path, fake_enco
     assert not errors and len(got) == 8
     assert all(g == in_turn for g in got)
     assert len(sent) == 8 * len(in_turn)
+    # and from asyncio: six tasks at once on the default executor, with this thread's event loop
+    import asyncio
+
+    async def from_tasks():
+        return await asyncio.wait_for(asyncio.gather(*(asyncio.to_thread(answers) for _ in range(6))), 120)
+
+    assert asyncio.run(from_tasks()) == [in_turn] * 6
     # a process forked after the workers started has none of them: it starts its own (each
     # _Beside resets itself in a forked child)
     if hasattr(os, "fork"):
