@@ -5,7 +5,7 @@ its terms (64-bit term hashes and their counts) in memory until the segment's co
 inverts them into the segment's posting file (`lexical.<s>.bin`, below) in the same publish as
 its text, so the lexical and dense sides of an index cannot disagree after an update or a
 delete. Since format 5 the docstore keeps no copy of them (its `chunks.lex` column stays empty:
-1.7 KB a chunk of 200 words); merges and re-pooling writes take the posting files' rows as they
+2.5 KB a chunk of 200 words as SQLite stored them); merges and re-pooling writes take the posting files' rows as they
 are (write_segment_file). Docstores of older formats still hold their terms there and are read
 from it where they have no posting file.
 
