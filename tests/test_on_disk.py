@@ -296,3 +296,18 @@ def test_an_fp32_index_turns_fp16_by_a_run_with_the_setting_then_compact(tmp_pat
     assert [vecfile.VectorFile(idx / s["vecs"]).storage for s in m["segments"]] == ["fp16"]
     a, b = Retriever.load(fastscan, encoder=enc), Retriever.load(idx, encoder=enc)
     assert [h.id for h in a.search("w5 w6 w7", 5, mode="lexical")] == [h.id for h in b.search("w5 w6 w7", 5, mode="lexical")]
+
+
+@pytest.mark.parametrize("ids", [np.arange(5, 205), np.arange(5, 405, 2), np.array([7]), np.r_[np.arange(3, 100), 101]])
+def test_a_vector_file_finds_rows_by_offset_or_by_search_the_same(tmp_path, ids):
+    """Consecutive ids are found by their offset from the first, others by binary search: the
+    same rows and the same answer for ids the file does not hold."""
+    x = np.random.default_rng(1).standard_normal((len(ids), 4)).astype(np.float32)
+    vecfile.write(tmp_path / "v.vec", ids, x)
+    vf = vecfile.VectorFile(tmp_path / "v.vec")
+    assert (vf._first is not None) == (ids[-1] - ids[0] == len(ids) - 1)
+    ask = np.r_[ids[::-1], ids[0] - 1, ids[-1] + 1, 102, 0, -5, 10**12]
+    at, held = vf.rows(ask)
+    want = np.searchsorted(ids, ask).clip(0, len(ids) - 1)
+    assert np.array_equal(held, ids[want] == ask) and np.array_equal(at[held], want[ids[want] == ask])
+    assert np.array_equal(vf.get(ids[::-1]), x[::-1]) and vf.get(np.array([ids[-1] + 1])) is None

@@ -103,6 +103,10 @@ class VectorFile:
         self.matrix = np.frombuffer(raw, row, n * dim, _vectors_at(n)).reshape(n, dim)  # float32 or float16
         self.dim = dim
         self.storage = kind
+        # Consecutive ids (a segment written in one go, or merged without gaps): an id's row is its
+        # offset from the first, found without a binary search through the ids (~1 ms a query at
+        # 3M chunks for the ~1,700 candidates a re-ranking looks up).
+        self._first = int(self.ids[0]) if n and int(self.ids[-1]) - int(self.ids[0]) == n - 1 else None
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -112,6 +116,11 @@ class VectorFile:
         ids = np.asarray(ids, np.int64)
         if not len(self.ids):
             return np.zeros(len(ids), np.int64), np.zeros(len(ids), bool)
+        first = getattr(self, "_first", None)
+        if first is not None:
+            at = ids - first
+            held = (at >= 0) & (at < len(self.ids))
+            return at.clip(0, len(self.ids) - 1), held
         at = np.searchsorted(self.ids, ids).clip(0, len(self.ids) - 1)
         return at, self.ids[at] == ids
 
