@@ -60,11 +60,16 @@ def _stemmer():
     return snowballstemmer.stemmer("english")
 
 
-@functools.lru_cache(maxsize=1 << 20)
 def _term(word: str) -> int:
-    """The 64-bit hash of a word's stem (a signed int64)."""
-    stem = _stemmer().stemWord(word)
-    return int.from_bytes(hashlib.blake2b(stem.encode("utf-8"), digest_size=8).digest(), "little", signed=True)
+    """The 64-bit hash of a word's stem (a signed int64); remembered in _HASHES (bounded)."""
+    h = _HASHES.get(word)
+    if h is None:
+        stem = _stemmer().stemWord(word)
+        h = int.from_bytes(hashlib.blake2b(stem.encode("utf-8"), digest_size=8).digest(), "little", signed=True)
+        if len(_HASHES) > 1 << 20:
+            _HASHES.clear()
+        _HASHES[word] = h
+    return h
 
 
 def terms(text: str) -> list[int]:
@@ -76,7 +81,7 @@ def terms(text: str) -> list[int]:
 # space: an ASCII text's words are then one C-level translate and split, several times faster
 # than the regular expression, with the same words (tests/test_posting_file.py checks both ways agree).
 _ASCII_WORDS = bytes(c + 32 if 65 <= c <= 90 else c if chr(c).isalnum() and c < 128 or c == 95 else 32 for c in range(256))
-_HASHES: dict[str, int] = {}  # word -> term hash (_term), in front of it: a dict look-up per word
+_HASHES: dict[str, int] = {}  # word -> term hash: _term's memory (a dict look-up per word)
 
 
 def _words(text: str) -> list[str]:
@@ -93,11 +98,9 @@ def encode_terms(text: str) -> tuple[bytes, int]:
     words = Counter(_words(text))
     for w in STOPWORDS.intersection(words):
         del words[w]
-    hashes = list(map(_HASHES.get, words))
+    hashes = list(map(_HASHES.get, words))  # _term's memory, read without a call per word
     if None in hashes:
-        if len(_HASHES) > 1 << 20:
-            _HASHES.clear()  # bounded, as _term's own cache
-        hashes = [h if h is not None else _HASHES.setdefault(w, _term(w)) for w, h in zip(words, hashes)]
+        hashes = [h if h is not None else _term(w) for w, h in zip(words, hashes)]
     h = np.array(hashes, np.int64)
     tf = np.fromiter(words.values(), np.int64, len(words))
     order = np.argsort(h)
