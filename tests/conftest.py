@@ -133,6 +133,25 @@ def terms_into_docstore(folder, seg: dict) -> None:
     db.close()
 
 
+def vectors_into_faiss(folder, seg: dict) -> None:
+    """Make a flat segment entry (edited in place) and its faiss file what formats before 6
+    wrote: the faiss file holds the vectors too (no `store` parameter)."""
+    import faiss
+
+    from semsearch.store import integrity, vecfile
+
+    params = (seg.get("index") or {}).get("params") or {}
+    if (seg.get("index") or {}).get("type", "flat") != "flat" or params.pop("store", None) is None:
+        return
+    vf = vecfile.VectorFile(Path(folder) / seg["vecs"])
+    index = faiss.IndexIDMap2(faiss.IndexFlatIP(vf.dim))
+    if len(vf):
+        index.add_with_ids(np.ascontiguousarray(vf.matrix, np.float32), np.ascontiguousarray(vf.ids, np.int64))
+    del vf
+    faiss.write_index(index, str(Path(folder) / seg["vectors"]))
+    seg["integrity"]["files"][seg["vectors"]] = integrity.file_record(Path(folder) / seg["vectors"])
+
+
 def vectors_into_docstore(folder, seg: dict) -> None:
     """Make a segment entry (edited in place) and its files what formats before 4 wrote: its
     vectors in its docstore's `vector` column, no vector file."""
@@ -140,6 +159,7 @@ def vectors_into_docstore(folder, seg: dict) -> None:
 
     from semsearch.store import integrity, vecfile
 
+    vectors_into_faiss(folder, seg)
     vf = vecfile.VectorFile(Path(folder) / seg.pop("vecs"))
     rows = [(v.tobytes(), int(i)) for i, v in zip(vf.ids, vf.matrix)]
     del vf

@@ -48,16 +48,17 @@ def kept_tables(folder: Path) -> list[tuple[str, np.ndarray]]:
 
 
 def faiss_ids(folder: Path) -> np.ndarray:
-    """The live ids every segment's FAISS index holds, sorted."""
-    import faiss
-
-    from semsearch.store.integrity import faiss_ids as ids_of
-    from semsearch.store.segments import Tombstones
+    """The live ids every segment's vector index holds (its faiss index, or for a flat segment
+    its vector file), sorted."""
+    from semsearch.store.integrity import vector_ids
+    from semsearch.store.segments import Segment, Tombstones
 
     m = Manifest.load(folder)
     out = []
     for e in m.segments:
-        ids = ids_of(faiss.read_index(str(folder / e["vectors"])))
+        seg = Segment(folder, e)
+        ids = np.sort(vector_ids(seg.vectors))
+        seg.docs.close()
         if e.get("deletes"):
             ids = ids[~np.isin(ids, Tombstones.load(folder / e["deletes"]).chunks)]
         out.append(ids)

@@ -84,7 +84,7 @@ def test_info(sample_index):
     assert r.exit_code == 0
     assert "all-MiniLM-L6-v2" in r.output and "mean" in r.output and "cosine" in r.output
     r = run("info", "--index", sample_index, "--json")
-    assert json.loads(r.output)["format_version"] == 5
+    assert json.loads(r.output)["format_version"] == 6
 
 
 def test_info_says_which_faiss_is_loaded(sample_index):

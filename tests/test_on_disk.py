@@ -41,7 +41,7 @@ def fastscan(tmp_path_factory):
 
 def test_a_fastscan_segment_keeps_codes_in_faiss_and_vectors_in_a_mapped_file(fastscan):
     m = json.loads((fastscan / "manifest.json").read_text())
-    assert m["format_version"] == FORMAT_VERSION == 5
+    assert m["format_version"] == FORMAT_VERSION == 6
     [seg] = m["segments"]
     assert seg["index"]["type"] == "ivf-fastscan" and seg["index"]["params"]["refine"] == "file"
     assert seg["vecs"] == f"vectors.{seg['id']}.vec" and seg["postings"] == f"lexical.{seg['id']}.bin"
@@ -236,7 +236,7 @@ def test_fp16_vector_storage_halves_the_vector_files_and_stays_through_writes(tm
     v32, v16 = vecfile.VectorFile(fastscan / s32["vecs"]), vecfile.VectorFile(idx / s16["vecs"])
     assert (v32.storage, v16.storage) == ("fp32", "fp16") and v16.matrix.dtype == np.float16
     n, dim = len(v32.ids), v32.dim
-    head = vecfile._vectors_at(n)  # the header and the ids, as before
+    head = vecfile._vectors_at(n, ordered=True)  # the header, the ids and their rows (list order)
     assert (idx / s16["vecs"]).stat().st_size - head == 2 * n * dim == ((fastscan / s32["vecs"]).stat().st_size - head) / 2
     assert np.array_equal(v16.ids, v32.ids)
     got = v16.get(v16.ids[:100])
@@ -311,3 +311,73 @@ def test_a_vector_file_finds_rows_by_offset_or_by_search_the_same(tmp_path, ids)
     want = np.searchsorted(ids, ask).clip(0, len(ids) - 1)
     assert np.array_equal(held, ids[want] == ask) and np.array_equal(at[held], want[ids[want] == ask])
     assert np.array_equal(vf.get(ids[::-1]), x[::-1]) and vf.get(np.array([ids[-1] + 1])) is None
+
+
+@pytest.mark.parametrize("storage", ["fp32", "fp16"])
+@pytest.mark.parametrize("ids", [np.arange(5, 2005), np.arange(5, 4005, 2)])
+def test_a_vector_file_in_list_order_reads_like_one_in_id_order(tmp_path, ids, storage):
+    """Rows kept list by list (an IVF segment's order) give every reader the same vectors as the
+    id-ordered file: by id, in batches, sampled, gathered for re-ranking (in file order)."""
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((len(ids), 8)).astype(np.float32)
+    lists = np.array_split(rng.permutation(ids), 37)
+    vecfile.write(tmp_path / "a.vec", ids, x, storage)
+    vecfile.write(tmp_path / "b.vec", ids, x, storage, order=vecfile.list_order(ids, lists))
+    a, b = vecfile.VectorFile(tmp_path / "a.vec"), vecfile.VectorFile(tmp_path / "b.vec")
+    assert (a.ordered, b.ordered, b.storage) == (False, True, storage)
+    assert (tmp_path / "b.vec").stat().st_size - (tmp_path / "a.vec").stat().st_size <= 4 * len(ids) + 64
+    # the rows on disk follow the lists: the first list's ids, ascending, are the first rows
+    first = np.sort(lists[0])
+    assert np.array_equal(b._rows[: len(first)], a.get(first).astype(b._rows.dtype))
+    assert np.array_equal(a.matrix, b.matrix) and np.array_equal(a.ids, b.ids)
+    ask = rng.choice(ids, 300)
+    assert np.array_equal(a.get(ask), b.get(ask))
+    assert b.get(np.r_[ask, ids[-1] + 1]) is None
+    fa, fb = a.found(np.r_[ask, -3]), b.found(np.r_[ask, -3])
+    assert all(np.array_equal(u, v) for u, v in zip(fa, fb))
+    for (ia, va), (ib, vb) in zip(a.iter(333, keep=lambda i: i % 3 != 0), b.iter(333, keep=lambda i: i % 3 != 0)):
+        assert np.array_equal(ia, ib) and np.array_equal(va, vb)
+    assert all(np.array_equal(u, v) for u, v in zip(a.sample(50, seed=4), b.sample(50, seed=4)))
+    got_ids, got = b.get_file_order(ask)
+    rows, _ = b.rows(got_ids)
+    assert (np.diff(rows) >= 0).all() and np.array_equal(got, a.get(got_ids))
+    assert sorted(got_ids.tolist()) == sorted(ask.tolist())
+    with pytest.raises(ValueError):
+        vecfile.list_order(ids, lists[1:])  # a list missing: refused, nothing written
+    # reorder() rewrites an id-ordered file in place
+    c = vecfile.reorder(tmp_path / "a.vec", lists)
+    assert c.ordered and np.array_equal(c.get(ask), b.get(ask)) and not (tmp_path / "a.vec.tmp").exists()
+
+
+def test_a_fastscan_segment_keeps_each_lists_rows_together(fastscan):
+    """The vector file of an IVF fast-scan segment is written list by list: the candidates one
+    probed list gives a re-ranking are one run of rows."""
+    m = json.loads((fastscan / "manifest.json").read_text())
+    [seg] = m["segments"]
+    vf = vecfile.VectorFile(fastscan / seg["vecs"])
+    assert vf.ordered
+    vi = VectorIndex.load(fastscan / seg["vectors"], "ivf-fastscan", seg["index"]["params"], refine=vf)
+    at = 0
+    for ids in vi.lists():
+        rows, held = vf.rows(ids)
+        assert held.all() and np.array_equal(np.sort(rows), np.arange(at, at + len(ids)))
+        at += len(ids)
+    assert at == len(vf)
+
+
+@pytest.mark.parametrize("storage", ["fp32", "fp16"])
+def test_rows_read_in_runs_equal_the_mapped_rows(tmp_path, storage):
+    """read_rows: rows in a few runs are read with pread, scattered ones gathered from the map;
+    both give the rows the map holds."""
+    rng = np.random.default_rng(3)
+    ids = np.arange(10, 5010)
+    x = rng.standard_normal((len(ids), 16)).astype(np.float32)
+    lists = np.array_split(rng.permutation(ids), 20)
+    vecfile.write(tmp_path / "v.vec", ids, x, storage, order=vecfile.list_order(ids, lists))
+    vf = vecfile.VectorFile(tmp_path / "v.vec")
+    want = np.asarray(vf._rows, np.float32)
+    for rows in (np.arange(100, 400), np.r_[3, 4, 5, 30, 31, 4000, 4001, 4999], np.sort(rng.choice(5000, 900, replace=False)),
+                 np.r_[0], np.r_[7, 7, 8]):
+        assert np.array_equal(vf.read_rows(rows), want[rows])
+    got_ids, got = vf.get_file_order(np.asarray(lists[3]))
+    assert np.array_equal(got, x[got_ids - 10].astype(vf._rows.dtype).astype(np.float32))

@@ -394,7 +394,11 @@ class IndexWriter:
                 raise RuntimeError(f"the new segment holds {new_counts['chunks']} chunks but {len(self.new_vecs)} vectors")
             self.new_docs.write_lexical(self.carried)
             self.new_docs.commit()
-            vecfile.write(self.folder / vecfile.file_name(self.seg_id), *self.new_vecs.arrays(), seg_index.get("storage"))
+            ids, vecs = self.new_vecs.arrays()
+            # a fast-scan segment's rows list by list (store/merge.py: order_by_lists)
+            order = vecfile.list_order(ids, self.vectors.lists()) if self.vectors.external_refine and len(ids) else None
+            vecfile.write(self.folder / vecfile.file_name(self.seg_id), ids, vecs, seg_index.get("storage"), order)
+            del ids, vecs
             self.vectors.save(self.folder / self.vectors_file)
             for name in (self.docs_file, self.vectors_file):
                 fsync_file(self.folder / name)
@@ -528,7 +532,7 @@ def verify(folder: Path) -> list[str]:
                 if status != ["ok"]:
                     problems.append(str(damaged(folder, e["docs"], f"damaged (SQLite: {'; '.join(status[:3])})")))
                 db_ids = np.array([r[0] for r in db.execute("SELECT id FROM chunks")], np.int64)
-                if integrity.ids_fingerprint(db_ids) != integrity.ids_fingerprint(integrity.faiss_ids(p.segment.vectors.index)):
+                if integrity.ids_fingerprint(db_ids) != integrity.ids_fingerprint(integrity.vector_ids(p.segment.vectors)):
                     problems.append(str(damaged(folder, e["docs"], "its chunk ids differ from the vector index's")))
                 if len(p.dead.chunks) and not np.isin(p.dead.chunks, db_ids).all():
                     problems.append(str(damaged(folder, e["deletes"], "it deletes chunks its segment does not hold")))

@@ -71,6 +71,12 @@ def faiss_ids(index) -> np.ndarray:
     return np.concatenate(parts) if parts else np.empty(0, np.int64)
 
 
+def vector_ids(vectors) -> np.ndarray:
+    """Every id a segment's vector index holds: a MatrixIndex's (its vector file's, no faiss),
+    else the faiss index's."""
+    return vectors.ids if hasattr(vectors, "matrix") else faiss_ids(vectors.index)
+
+
 # ---- record at commit, check at load -----------------------------------------------------------
 def file_record(path: Path) -> dict[str, Any]:
     return {"size": path.stat().st_size, "fingerprint": fingerprint(path), "sha256": sha256(path)}
@@ -136,8 +142,7 @@ def check_segment_loaded(folder: Path, entry: dict, vectors, docs) -> None:
     want = rec.get("ntotal", entry.get("rows"))
     if n != want:
         raise damaged(folder, entry["vectors"], f"holds {n} vectors, the manifest records {want}")
-    held = vectors.ids if hasattr(vectors, "matrix") else None  # a MatrixIndex: the docstore's ids, no faiss
-    if "ids" in rec and ids_fingerprint(held if held is not None else faiss_ids(vectors.index)) != rec["ids"]:
+    if "ids" in rec and ids_fingerprint(vector_ids(vectors)) != rec["ids"]:
         raise damaged(folder, entry["vectors"], "its ids do not match the manifest (damaged, or from another index)")
     try:
         chunks = docs.db.execute("SELECT COUNT(*) FROM chunks").fetchone()[0]

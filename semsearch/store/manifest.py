@@ -16,16 +16,18 @@ from typing import Any
 from semsearch.errors import IndexFormatError
 from semsearch.store.files import DATA_FILE, damaged, fsync_dir, remedy
 
-FORMAT_VERSION = 5
+FORMAT_VERSION = 6
 # Format 1 opens as one segment. Format 2 opens as it is: its fast-scan segments hold their full
 # vectors inside the faiss file (RFlat). Format 3 gave fast-scan segments `vectors.<s>.vec`; since
 # format 4 every segment has one, and it is the only full copy of its vectors (the docstore's
 # column stays empty). Since format 5 the posting file is the only copy of a segment's lexical
 # terms (the docstore's `lex` column stays empty too; a writer of format 4 would invert that
 # column again, so it may not write these). Segments of older formats open as they are (their
-# docstores still hold their vectors and terms, and are read from there), the next write
+# docstores still hold their vectors and terms, and are read from there). Since format 6 a
+# fast-scan segment's vector file keeps its rows list by list (store/vecfile.py: ordered files,
+# which a format-5 reader cannot read); older segments keep id order. The next write
 # publishes the current format, and `semsearch compact` rewrites every segment.
-READABLE = (1, 2, 3, 4, 5)
+READABLE = (1, 2, 3, 4, 5, 6)
 MANIFEST = "manifest.json"
 
 

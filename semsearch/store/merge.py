@@ -103,7 +103,10 @@ def apply(folder: Path, entries: list[dict], dim: int, manifest, next_segment: i
     want = (getattr(manifest, "index", None) or {}).get("storage") or "fp32"
 
     def stale(e: dict) -> bool:  # an older format's files, or vectors stored otherwise than asked
-        return not e.get("vecs") or not e.get("postings") or VectorFile(Path(folder) / e["vecs"]).storage != want
+        if not e.get("vecs") or not e.get("postings"):
+            return True
+        vf = VectorFile(Path(folder) / e["vecs"])
+        return vf.storage != want or ((e.get("index") or {}).get("type") == "ivf-fastscan" and not vf.ordered)
 
     out: list[dict] = []
     at = 0
@@ -167,6 +170,7 @@ def merge(folder: Path, group: list[dict], seg_id: int, dim: int, manifest) -> d
         requested = index.get("requested", index.get("type", "auto")) if index.get("forced") else "auto"
         target = (index.get("recall") or {}).get("target", 0.95)
         vi, entry = build_vectors(vecs, dim, requested, counts["chunks"], target, params=index.get("params"))
+        order_by_lists(folder / vecfile.file_name(seg_id), vi)
         # posting files merged term range by term range (bounded memory); a segment from before
         # posting files has its terms in its docstore rows, inverted again
         store.write_lexical([(lexical.open_file(folder / e["postings"]), d.chunks) for e, d in zip(group, deads) if e.get("postings")])
@@ -177,6 +181,16 @@ def merge(folder: Path, group: list[dict], seg_id: int, dim: int, manifest) -> d
         return segment_entry(folder, seg_id, store, vi, entry, sorted(states))
     finally:
         store.close()
+
+
+def order_by_lists(path: Path, vi: VectorIndex) -> None:
+    """Rewrite a fast-scan segment's vector file (at path, in id order) list by list, and have
+    vi re-rank against the new file. A query re-ranks candidates from the few lists it probes:
+    stored together they are a few runs of pages, not ~1,000 rows scattered over the file (1M
+    chunks: the 1,666 queries of scripts/bench_scale.py mapped the whole file, 0.78 GB, into
+    the process; docs/benchmarks.md). Other types re-rank nothing from the file."""
+    if vi.external_refine and len(vi.refine):
+        vi.refine = vecfile.reorder(path, vi.lists())
 
 
 def merge_vectors(folder: Path, group: list[dict], name: str, dim: int, deads: list[Tombstones] | None = None,
@@ -259,7 +273,7 @@ def build_vectors(vecs, dim: int, requested: str, n: int, target: float, params:
             queries, self_ids = np.ascontiguousarray(tune_queries, np.float32), None
         else:  # held-out corpus vectors: each query's own vector is excluded from both lists
             pick = np.sort(rng.choice(len(vecs), min(sample, len(vecs)), replace=False))
-            queries, self_ids = np.asarray(vecs.matrix[pick], np.float32), vecs.ids[pick].copy()
+            queries, self_ids = vecs.at_positions(pick), vecs.ids[pick].copy()
         exact = exact_knn(queries, vecs.iter(65536), k, self_ids)
         entry["recall"] = tune(vi, queries, exact, k, target, self_ids)
         entry["params"] = vi.params

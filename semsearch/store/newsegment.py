@@ -29,7 +29,7 @@ def write_segment(folder: Path, seg_id: int, dim: int, files: list[dict[str, Any
     """Write segment `seg_id` into `folder`: `files` are file records with their ids (id, path,
     hash, size, mtime_ns, ctime_ns, inode, documents, indexed_at); `chunks` yields (chunk id,
     file id, ChunkRow, vector, token states (T, D) or (token states, token table (T, 3)) or None) in id order. Gives back its manifest entry."""
-    from semsearch.store.merge import build_vectors
+    from semsearch.store.merge import build_vectors, order_by_lists
 
     folder = Path(folder)
     docs_file, vectors_file = f"docs.{seg_id}.sqlite", f"vectors.{seg_id}.faiss"
@@ -63,6 +63,7 @@ def write_segment(folder: Path, seg_id: int, dim: int, files: list[dict[str, Any
         del vecs, matrix
         vf = VectorFile(folder / vecfile.file_name(seg_id))
         vi, index = build_vectors(vf, dim, requested, store.counts()["chunks"], target_recall, params=params, current=vi)
+        order_by_lists(folder / vecfile.file_name(seg_id), vi)
         store.write_lexical()
         store.commit()
         kept.finish()

@@ -29,7 +29,7 @@ from semsearch.store.docstore import DocStore, StoredFile
 from semsearch.store.files import DB_ERRORS, Memo, damaged
 from semsearch.store.lexical import LexicalIndex, Postings
 from semsearch.store.vecfile import VectorFile
-from semsearch.store.vectors import MatrixIndex, VectorIndex
+from semsearch.store.vectors import MatrixIndex, VectorIndex, faiss_gpus
 
 DEL_SMALL = 256  # up to this many deletions, a segment is searched for k + deleted and filtered after
 # A one-shot reader (Retriever.load(fast_start=True)) searches flat segments up to this many rows
@@ -172,6 +172,7 @@ class Segment:
     def __init__(self, folder: Path, entry: dict[str, Any], device: str = "cpu", light: bool = False):
         self.folder, self.entry = Path(folder), entry
         self.id, self.name = int(entry["id"]), entry["docs"]
+        self.light = light
         integrity.check_segment_files(self.folder, entry)
         kind = entry.get("index", {}).get("type", "flat")
         try:
@@ -182,7 +183,17 @@ class Segment:
         try:
             if entry.get("vecs"):
                 self.vecs = VectorFile(self.folder / entry["vecs"])
-            if light and kind == "flat" and device != "cuda" and entry.get("rows", LIGHT_ROWS + 1) <= LIGHT_ROWS:
+            params = entry.get("index", {}).get("params") or {}
+            if kind == "flat" and params.get("store") == "vecs":  # format 6: the vector file is the only copy
+                if self.vecs is None or self.vecs.ordered:
+                    raise ValueError("a flat segment without its vector file")
+                if device == "cuda" and faiss_gpus() > 0:  # faiss's GPU scan, filled from the file
+                    self.vectors = VectorIndex.create(self.vecs.dim, "flat", device="cuda")
+                    for ids, vecs in self.vecs.iter(65536):
+                        self.vectors.add(ids, vecs)
+                else:
+                    self.vectors = MatrixIndex(self.vecs.ids, self.vecs.matrix, use_faiss=not light)
+            elif light and kind == "flat" and device != "cuda" and entry.get("rows", LIGHT_ROWS + 1) <= LIGHT_ROWS:
                 if self.vecs is not None:
                     self.vectors = MatrixIndex(self.vecs.ids, self.vecs.matrix)
                 else:
@@ -528,7 +539,7 @@ class SegmentedVectors:
                     for run in small_runs(self.parts, flat_only=True):
                         if not any(p.live for p in run):
                             continue
-                        if len(run) > 1 and any(isinstance(p.segment.vectors, MatrixIndex) for p in run):
+                        if len(run) > 1 and any(p.segment.light and isinstance(p.segment.vectors, MatrixIndex) for p in run):
                             runs += [p for p in run if p.live]  # a one-shot reader: each searched with numpy
                         else:
                             runs.append(run[0] if len(run) == 1 else _Small(run))
@@ -609,7 +620,7 @@ class _Small:
             import faiss
 
             ids = np.concatenate([p.segment.ids for p in run])
-            flat = faiss.IndexFlatIP(run[0].segment.vectors.index.d)
+            flat = faiss.IndexFlatIP(run[0].segment.vectors.d)
             for p in run:
                 flat.add(np.ascontiguousarray(p.segment.vectors.reconstruct(p.segment.ids), np.float32))
             return ids, flat

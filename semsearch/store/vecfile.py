@@ -33,6 +33,14 @@ MAGIC = b"SSVEC\x00\x01\x00"
 MAGIC_F16 = b"SSVEC\x00\x02\x00"
 HEAD = len(MAGIC) + 16
 STORAGE = {"fp32": (MAGIC, "<f4"), "fp16": (MAGIC_F16, "<f2")}  # --vector-storage: magic, row type
+# The same, rows in an order of their own (an IVF segment's: list by list), with the row of each
+# sorted id (int32) after the ids: magic -> storage.
+ORDERED = {b"SSVEC\x00\x03\x00": "fp32", b"SSVEC\x00\x04\x00": "fp16"}
+_ORDERED_MAGIC = {v: k for k, v in ORDERED.items()}
+
+
+_GAP = 16  # read_rows: rows this close together are read in one run (what lies between too)
+_MAX_RUNS = 256  # more runs than this (~1.5 us of Python a read): gathered from the map instead
 
 
 def file_name(seg_id: int) -> str:
@@ -40,15 +48,76 @@ def file_name(seg_id: int) -> str:
     return f"vectors.{seg_id}.vec"
 
 
-def _vectors_at(n: int) -> int:
-    return -(-(HEAD + 8 * n) // 64) * 64
+def _vectors_at(n: int, ordered: bool = False) -> int:
+    return -(-(HEAD + (12 if ordered else 8) * n) // 64) * 64
 
 
-def write(path: Path, ids: np.ndarray, vectors: np.ndarray, storage: str | None = None) -> None:
-    """Write (sorted ids, their vectors) to path, fsynced; `storage`: fp32 (None) or fp16."""
+def write(path: Path, ids: np.ndarray, vectors: np.ndarray, storage: str | None = None,
+          order: np.ndarray | None = None) -> None:
+    """Write (sorted ids, their vectors) to path, fsynced; `storage`: fp32 (None) or fp16.
+    `order`: the rows' order in the file (positions into ids: list_order()), id order if None."""
     vectors = np.asarray(vectors, np.float32)
     dim = vectors.shape[1] if vectors.ndim == 2 else 0
+    if order is not None:
+        write_ordered(path, ids, dim, order, lambda at: vectors[at], storage)
+        return
     write_batches(path, ids, dim, [vectors] if len(vectors) else [], storage)
+
+
+def list_order(ids: np.ndarray, lists: Iterable[np.ndarray]) -> np.ndarray:
+    """The positions into sorted `ids` of an IVF index's ids, list by list (ids ascending within
+    a list): the row order that keeps each list's vectors together on disk."""
+    parts = [np.sort(np.asarray(x, np.int64)) for x in lists]
+    flat = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+    ids = np.asarray(ids, np.int64)
+    at = np.searchsorted(ids, flat).clip(0, max(len(ids) - 1, 0))
+    if len(flat) != len(ids) or (len(ids) and not np.array_equal(ids[at], flat)) or len(np.unique(at)) != len(ids):
+        raise ValueError("the index's lists do not hold each id of the vector file once")
+    return at
+
+
+def write_ordered(path: Path, ids: np.ndarray, dim: int, order: np.ndarray, rows_at, storage: str | None = None,
+                  batch: int = 65536) -> None:
+    """Write a vector file whose rows follow `order` (positions into the sorted ids; a
+    permutation): the rows at order[r:r + batch] come from rows_at(positions), in batches, so
+    memory holds one batch. fsynced."""
+    row = STORAGE[storage or "fp32"][1]
+    ids = np.ascontiguousarray(ids, "<i8")
+    order = np.asarray(order, np.int64)
+    n = len(ids)
+    if n > 1 and not (np.diff(ids) > 0).all():
+        raise ValueError("a vector file needs sorted unique ids, one per vector")
+    if len(order) != n or (n and not np.array_equal(np.sort(order), np.arange(n))):
+        raise ValueError("the row order is not a permutation of the ids")
+    row_of = np.empty(n, "<i4")
+    row_of[order] = np.arange(n, dtype=np.int32)
+    with open(path, "wb") as fh:
+        fh.write(_ORDERED_MAGIC[storage or "fp32"] + np.array([n, dim if n else 0], "<i8").tobytes())
+        fh.write(ids.tobytes())
+        fh.write(row_of.tobytes())
+        fh.write(b"\0" * (_vectors_at(n, True) - HEAD - 12 * n))
+        for at in range(0, n, batch):
+            pos = order[at : at + batch]
+            b = np.ascontiguousarray(rows_at(pos), row)
+            if b.shape != (len(pos), dim):
+                raise ValueError(f"{b.shape} rows for {len(pos)} positions of dimension {dim}")
+            fh.write(b.tobytes())
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def reorder(path: Path, lists: Iterable[np.ndarray]) -> "VectorFile":
+    """Rewrite the vector file at path with its rows list by list (list_order), through a
+    temporary file renamed over it (fsynced); gives back the new file, opened. The old map stays
+    valid for whoever still holds it."""
+    old = VectorFile(path)
+    order = list_order(old.ids, lists)
+    tmp = Path(path).with_name(Path(path).name + ".tmp")
+    # Positions ascending within each batch read the old file in its order (one forward sweep a
+    # batch); the rows go out in `order`.
+    write_ordered(tmp, old.ids, old.dim, order, old.at_positions, old.storage)
+    os.replace(tmp, path)
+    return VectorFile(path)
 
 
 def write_batches(path: Path, ids: np.ndarray, dim: int, batches: Iterable[np.ndarray], storage: str | None = None) -> None:
@@ -79,40 +148,59 @@ def write_batches(path: Path, ids: np.ndarray, dim: int, batches: Iterable[np.nd
 
 
 class VectorFile:
-    """A vector file opened read-only through mmap: `ids` (n,) sorted and `matrix` (n, dim)
-    are views of the map; get() gathers rows by id."""
+    """A vector file opened read-only through mmap: `ids` (n,) sorted is a view of the map;
+    get() gathers rows by id, `matrix` (n, dim) is the rows in id order (a view where the file
+    keeps them in id order)."""
 
     def __init__(self, path: Path):
         self.path = Path(path)
-        with open(self.path, "rb") as fh:
+        fh = open(self.path, "rb", buffering=0)  # kept open for pread (read_rows), closed with this object
+        try:
             size = os.fstat(fh.fileno()).st_size
             if size < HEAD:
                 raise ValueError(f"{self.path.name}: not a vector file (too short)")
             self._map = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) if size else None
+            if hasattr(os, "posix_fadvise"):
+                os.posix_fadvise(fh.fileno(), 0, 0, os.POSIX_FADV_RANDOM)  # reads of runs of rows: no read-ahead
+        except BaseException:
+            fh.close()
+            raise
+        self._fh = fh
         raw = self._map
-        kind = next((k for k, (magic, _) in STORAGE.items() if raw is not None and raw[: len(magic)] == magic), None)
+        magic = bytes(raw[: len(MAGIC)]) if raw is not None else b""
+        kind = next((k for k, (m, _) in STORAGE.items() if magic == m), None)
+        self.ordered = kind is None and magic in ORDERED
+        kind = ORDERED[magic] if self.ordered else kind
         if kind is None:
             raise ValueError(f"{self.path.name}: not a vector file")
         row = np.dtype(STORAGE[kind][1])
         n, dim = (int(x) for x in np.frombuffer(raw, "<i8", 2, len(MAGIC)))
-        if n < 0 or dim < 0 or size != _vectors_at(n) + row.itemsize * n * dim:
+        if n < 0 or dim < 0 or size != _vectors_at(n, self.ordered) + row.itemsize * n * dim:
             raise ValueError(f"{self.path.name}: truncated or damaged (size {size})")
         if hasattr(raw, "madvise") and hasattr(mmap, "MADV_RANDOM"):
             raw.madvise(mmap.MADV_RANDOM)  # a query reads scattered rows: no read-ahead around them
         self.ids = np.frombuffer(raw, "<i8", n, HEAD)
-        self.matrix = np.frombuffer(raw, row, n * dim, _vectors_at(n)).reshape(n, dim)  # float32 or float16
+        # the row of each sorted id, where the rows have an order of their own (None: id order)
+        self._row_of = np.frombuffer(raw, "<i4", n, HEAD + 8 * n) if self.ordered else None
+        self._rows = np.frombuffer(raw, row, n * dim, _vectors_at(n, self.ordered)).reshape(n, dim)  # float32 or float16
         self.dim = dim
         self.storage = kind
-        # Consecutive ids (a segment written in one go, or merged without gaps): an id's row is its
-        # offset from the first, found without a binary search through the ids (~1 ms a query at
-        # 3M chunks for the ~1,700 candidates a re-ranking looks up).
+        # Consecutive ids (a segment written in one go, or merged without gaps): an id's position
+        # is its offset from the first, found without a binary search through the ids (~1 ms a
+        # query at 3M chunks for the ~1,700 candidates a re-ranking looks up).
         self._first = int(self.ids[0]) if n and int(self.ids[-1]) - int(self.ids[0]) == n - 1 else None
 
     def __len__(self) -> int:
         return len(self.ids)
 
-    def rows(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(row of each id, held): held is False for ids the file does not have."""
+    @property
+    def matrix(self) -> np.ndarray:
+        """The rows in id order (float32 or float16): a view of the map, or a copy gathered
+        from a file whose rows have an order of their own."""
+        return self._rows if self._row_of is None else self._rows[self._row_of]
+
+    def _pos(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(position of each id among the sorted ids, held)."""
         ids = np.asarray(ids, np.int64)
         if not len(self.ids):
             return np.zeros(len(ids), np.int64), np.zeros(len(ids), bool)
@@ -124,37 +212,99 @@ class VectorFile:
         at = np.searchsorted(self.ids, ids).clip(0, len(self.ids) - 1)
         return at, self.ids[at] == ids
 
+    def rows(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(row of each id in the file, held): held is False for ids the file does not have."""
+        at, held = self._pos(ids)
+        return (at if self._row_of is None else self._row_of[at].astype(np.int64)), held
+
+    def at_positions(self, pos: np.ndarray) -> np.ndarray:
+        """The float32 vectors of the ids at these positions (in the order given), the rows read
+        in file order."""
+        rows = np.asarray(pos, np.int64) if self._row_of is None else self._row_of[pos].astype(np.int64)
+        order = np.argsort(rows, kind="stable")
+        out = np.empty((len(rows), self.dim), np.float32)
+        out[order] = self.read_rows(rows[order])
+        return out
+
     def get(self, ids: np.ndarray) -> np.ndarray | None:
         """The vectors of ids (every id must be held; None where one is not)."""
-        at, held = self.rows(ids)
+        at, held = self._pos(ids)
         if not held.all():
             return None
-        return np.asarray(self.matrix[at], np.float32)
+        return self.at_positions(at)
+
+    def get_file_order(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """(the ids, their vectors), both in the file's row order (the pages read in order):
+        what a re-ranking needs, without putting the rows back in the order asked. None where an
+        id is not held."""
+        rows, held = self.rows(ids)
+        if not held.all():
+            return None
+        order = np.argsort(rows, kind="stable")
+        return np.asarray(ids, np.int64)[order], self.read_rows(rows[order])
+
+    def read_rows(self, rows: np.ndarray) -> np.ndarray:
+        """The float32 vectors of these rows (sorted). Where they fall in a few runs (a
+        re-ranking's candidates in a file kept list by list: the lists it probed), each run is
+        read with one pread into this process's buffer, not through the map. Why: the page
+        cache may hold a file in large folios (ext4 and XFS on Linux 6.x, for a file just
+        written or read in sequence), and a fault on a mapped page maps its whole folio, up to
+        2 MB, into the process: on a 1M-chunk index ~3 MB of the vector file became resident a
+        query, where its candidates' rows are ~0.5 MB (docs/benchmarks.md). A pread copies only
+        the bytes asked for, whatever the page cache holds. A few scattered rows (the lexical
+        hits whose cosine a hybrid query needs) are read one pread each; many (an id-ordered
+        file's candidates, a merge's batch) are gathered from the map."""
+        rows = np.asarray(rows, np.int64)
+        fh = getattr(self, "_fh", None)
+        if fh is None or len(rows) < 2:
+            return np.asarray(self._rows[rows], np.float32)
+        cuts = np.flatnonzero(np.diff(rows) > _GAP) + 1
+        starts, ends = rows[np.r_[0, cuts]], rows[np.r_[cuts - 1, len(rows) - 1]] + 1
+        if len(starts) > _MAX_RUNS:
+            return np.asarray(self._rows[rows], np.float32)
+        width = self._rows.dtype.itemsize * self.dim
+        buf = np.empty((int((ends - starts).sum()), self.dim), self._rows.dtype)
+        view, at, first = memoryview(buf).cast("B"), 0, _vectors_at(len(self.ids), self.ordered)
+        for a, b in zip(starts.tolist(), ends.tolist()):
+            want = (b - a) * width
+            if os.preadv(fh.fileno(), [view[at : at + want]], first + a * width) != want:
+                raise ValueError(f"{self.path.name}: truncated (a read of rows {a}-{b} came short)")
+            at += want
+        offs = np.r_[0, np.cumsum(ends - starts)[:-1]]
+        run = np.searchsorted(starts, rows, "right") - 1
+        return np.asarray(buf[offs[run] + rows - starts[run]], np.float32)
 
     def found(self, ids) -> tuple[np.ndarray, np.ndarray]:
         """(the given ids this file holds, sorted and unique; their vectors)."""
         ids = np.unique(np.asarray(list(ids) if not isinstance(ids, np.ndarray) else ids, np.int64))
-        at, held = self.rows(ids)
-        at = np.sort(at[held])  # rows in file order: the pages read in order
-        return self.ids[at].copy(), np.asarray(self.matrix[at], np.float32)
+        at, held = self._pos(ids)
+        at = at[held]  # ascending, as the ids are
+        return self.ids[at].copy(), self.at_positions(at)
 
     def iter(self, batch: int = 8192, keep=None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """(ids, vectors) in id order, in batches (copies: nothing of the map outlives a batch);
-        `keep(ids) -> bool mask`: only the rows it keeps."""
+        `keep(ids) -> bool mask`: only the rows it keeps. A file whose rows have an order of
+        their own is read one forward sweep a batch."""
         for at in range(0, len(self.ids), batch):
-            ids, vecs = self.ids[at : at + batch], self.matrix[at : at + batch]
-            if keep is not None:
-                m = keep(ids)
-                if not m.all():
-                    ids, vecs = ids[m], vecs[m]
-            if len(ids):
-                yield ids.copy(), np.array(vecs, np.float32)
+            ids = self.ids[at : at + batch]
+            m = keep(ids) if keep is not None else None
+            if m is not None and m.all():
+                m = None
+            if self._row_of is None:  # id order: a slice of the map
+                vecs = self._rows[at : at + batch]
+                ids, vecs = (ids, vecs) if m is None else (ids[m], vecs[m])
+                if len(ids):
+                    yield ids.copy(), np.array(vecs, np.float32)
+            else:
+                pos = np.arange(at, at + len(ids)) if m is None else np.flatnonzero(m) + at
+                if len(pos):
+                    yield self.ids[pos].copy(), self.at_positions(pos)
 
     def sample(self, n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """(ids, vectors) of n rows drawn without replacement (all where n >= the count), in id order."""
         rng = np.random.default_rng(seed)
         at = np.sort(rng.choice(len(self.ids), min(n, len(self.ids)), replace=False)) if len(self.ids) else np.zeros(0, np.int64)
-        return self.ids[at].copy(), np.asarray(self.matrix[at], np.float32)
+        return self.ids[at].copy(), self.at_positions(at)
 
 
 class MemoryVectors:
@@ -210,8 +360,19 @@ class MemoryVectors:
             self._ids, self._vecs = [self._sorted[0]], [self._sorted[1]]
 
     storage = "fp32"
+    ordered = False
+    _row_of = None
+
+    @property
+    def _rows(self) -> np.ndarray:
+        return self.arrays()[1]
+
+    _pos = VectorFile._pos
     rows = VectorFile.rows
+    at_positions = VectorFile.at_positions
     get = VectorFile.get
+    get_file_order = VectorFile.get_file_order
+    read_rows = VectorFile.read_rows
     found = VectorFile.found
     iter = VectorFile.iter
     sample = VectorFile.sample

@@ -123,20 +123,38 @@ def default_nlist(n: int) -> int:
 
 
 class MatrixIndex:
-    """A small flat segment's vectors, read from its docstore and searched exactly with numpy.
+    """A flat segment's vectors searched exactly from its vector file, outside a faiss index.
 
-    For one-shot processes (`semsearch query`): importing faiss costs ~40 ms of a ~0.3 s query
-    process (2 cores), more than scanning a few thousand vectors. The docstore holds the very
-    vectors the segment's flat FAISS index holds, so the hits are the same (scores within
-    float rounding of the two matrix products). Read-only; the search half of VectorIndex."""
+    Since format 6 this is how every flat segment is searched: its vector file is the one
+    stored copy of its vectors, and its faiss file holds none (it used to hold its own float32
+    copy: 1.5 KB a chunk on disk beside the vector file, in memory once opened). fp32 rows are
+    searched in the map itself (page cache, nothing read at open); fp16 ones are widened to
+    float32 in memory on first use. `use_faiss`: scan with faiss's brute-force kernel (one
+    OpenMP thread for small scans, as VectorIndex does); without it numpy, for one-shot
+    processes (`semsearch query`): importing faiss costs ~40 ms of a ~0.3 s query process
+    (2 cores), more than scanning a few thousand vectors. Segments of older formats, whose faiss
+    file holds the vectors, read them from there (VectorIndex), or from the docstore in one-shot
+    processes. Read-only; the search half of VectorIndex."""
 
     kind = "flat"
     device = "cpu"
     params: dict[str, Any] = {}
 
-    def __init__(self, ids: np.ndarray, matrix: np.ndarray):
+    def __init__(self, ids: np.ndarray, matrix: np.ndarray, use_faiss: bool = False):
         self.ids = np.asarray(ids, np.int64)  # sorted
-        self.matrix = np.ascontiguousarray(matrix, np.float32)
+        self._raw = matrix
+        self._matrix = matrix if matrix.dtype == np.float32 and matrix.flags.c_contiguous else None
+        self._lock = threading.Lock()
+        self.use_faiss = use_faiss
+
+    @property
+    def matrix(self) -> np.ndarray:
+        """The rows as C-contiguous float32 (fp16 rows widened once, on first use)."""
+        if self._matrix is None:
+            with self._lock:
+                if self._matrix is None:
+                    self._matrix = np.ascontiguousarray(self._raw, np.float32)
+        return self._matrix
 
     @property
     def ntotal(self) -> int:
@@ -144,7 +162,7 @@ class MatrixIndex:
 
     @property
     def d(self) -> int:
-        return self.matrix.shape[1]
+        return self._raw.shape[1]
 
     def _top(self, q: np.ndarray, k: int, rows: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
         m, ids = (self.matrix, self.ids) if rows is None else (self.matrix[rows], self.ids[rows])
@@ -153,8 +171,16 @@ class MatrixIndex:
         out = np.full((len(q), k_), -1, np.int64)
         if not len(ids):
             return scores, out
-        s = np.asarray(q, np.float32) @ m.T
+        q = np.ascontiguousarray(q, np.float32)
         n = min(k_, len(ids))
+        if self.use_faiss:
+            import faiss
+
+            with one_omp_thread() if len(q) <= 4 and len(ids) <= 100_000 else contextlib.nullcontext():
+                s, at = faiss.knn(q, m, n, metric=faiss.METRIC_INNER_PRODUCT)
+            scores[:, :n], out[:, :n] = s, np.where(at >= 0, ids[at.clip(0)], -1)
+            return scores, out
+        s = q @ m.T
         for r in range(len(q)):
             cand = np.argpartition(-s[r], n - 1)[:n] if n < len(ids) else np.arange(len(ids))
             order = cand[np.lexsort((ids[cand], -s[r, cand]))]  # best first, ties: lower id
@@ -179,7 +205,7 @@ class MatrixIndex:
         at = np.searchsorted(self.ids, ids).clip(0, max(len(self.ids) - 1, 0))
         if len(ids) and (not len(self.ids) or not np.array_equal(self.ids[at], ids)):
             return None  # an id it does not hold: the caller reads the docstore
-        return self.matrix[at] if len(ids) else np.zeros((0, self.d), np.float32)
+        return np.asarray(self._raw[at], np.float32) if len(ids) else np.zeros((0, self.d), np.float32)
 
 
 class VectorIndex:
@@ -237,6 +263,7 @@ class VectorIndex:
         params = dict(params or {})
         if kind == "flat":
             index = faiss.IndexIDMap2(faiss.IndexFlatIP(dim))
+            params["store"] = "vecs"  # saved without its vectors: the segment's vector file has them (MatrixIndex)
         elif kind in ("ivf", "ivf-sq8"):
             nlist = int(params.setdefault("nlist", 1024))
             quantizer = faiss.IndexFlatIP(dim)
@@ -261,6 +288,17 @@ class VectorIndex:
         if vi.external_refine:
             vi.refine = MemoryVectors(dim)
         return vi
+
+    def lists(self) -> list[np.ndarray] | None:
+        """The ids of each inverted list, list by list (IVF types; None for the others): the
+        order an ivf-fastscan segment's vector file keeps its rows in (store/vecfile.py)."""
+        import faiss
+
+        if self.kind not in IVF_TYPES:
+            return None
+        inv = faiss.extract_index_ivf(self.index).invlists
+        return [faiss.rev_swig_ptr(inv.get_ids(lst), inv.list_size(lst)).astype(np.int64)
+                for lst in range(inv.nlist) if inv.list_size(lst)]
 
     @property
     def external_refine(self) -> bool:
@@ -366,7 +404,14 @@ class VectorIndex:
         segment's vector file, written by the segment's writer (store/vecfile.py)."""
         import faiss
 
+        if self.kind == "flat" and self.params.get("store") == "vecs":  # no second copy (MatrixIndex)
+            faiss.write_index(faiss.IndexIDMap2(faiss.IndexFlatIP(self.d)), str(path))
+            return
         faiss.write_index(self.index, str(path))
+
+    @property
+    def d(self) -> int:
+        return int(self.index.d)
 
     @property
     def ntotal(self) -> int:
@@ -485,17 +530,18 @@ class VectorIndex:
 
     def _rerank(self, q: np.ndarray, cand: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Each query's candidates (ids (n, K), -1 padded) scored exactly against their full vectors
-        (read from the mapped file: only these rows' pages), best k first (ties: lower id)."""
+        (read from the mapped file: only these rows' pages; in an IVF segment's file, written list
+        by list, those of the few lists probed), best k first (ties: lower id)."""
         scores = np.full((len(q), k), -np.inf, np.float32)
         out = np.full((len(q), k), -1, np.int64)
         for r in range(len(q)):
             ids = cand[r][cand[r] >= 0]
             if not len(ids):
                 continue
-            ids = np.sort(ids)  # rows in file order: the pages read in order
-            vecs = self.refine.get(ids)
-            if vecs is None:
+            got = self.refine.get_file_order(ids)  # rows in file order: the pages read in order
+            if got is None:
                 raise RuntimeError("the vector file lacks ids the index holds")
+            ids, vecs = got
             s = vecs @ q[r]
             m = min(k, len(ids))
             top = np.argpartition(-s, m - 1)[:m] if m < len(ids) else np.arange(len(ids))
