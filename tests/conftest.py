@@ -135,13 +135,12 @@ def terms_into_docstore(folder, seg: dict) -> None:
 
 def vectors_into_faiss(folder, seg: dict) -> None:
     """Make a flat segment entry (edited in place) and its faiss file what formats before 6
-    wrote: the faiss file holds the vectors too (no `store` parameter)."""
+    wrote: the faiss file holds the vectors too (no `vectors_from`)."""
     import faiss
 
     from semsearch.store import integrity, vecfile
 
-    params = (seg.get("index") or {}).get("params") or {}
-    if (seg.get("index") or {}).get("type", "flat") != "flat" or params.pop("store", None) is None:
+    if seg.pop("vectors_from", None) is None:
         return
     vf = vecfile.VectorFile(Path(folder) / seg["vecs"])
     index = faiss.IndexIDMap2(faiss.IndexFlatIP(vf.dim))

@@ -108,7 +108,8 @@ def built(tmp_path):
 
 
 def data_file(folder: Path, role: str) -> Path:
-    return folder / Manifest.load(folder).files[role]
+    m = Manifest.load(folder)
+    return folder / (m.segments[0][role] if role == "vecs" else m.files[role])
 
 
 DAMAGE = {
@@ -141,7 +142,7 @@ def test_vectors_of_another_index_with_the_same_dimension_and_count_are_refused(
     other = tmp_path / "other"
     index_corpus(other_src, other, FakeEncoder())
     assert Manifest.load(other).counts["chunks"] == Manifest.load(folder).counts["chunks"]
-    shutil.copy(data_file(other, "vectors"), data_file(folder, "vectors"))
+    shutil.copy(data_file(other, "vecs"), data_file(folder, "vecs"))  # the vectors: their only copy
     with pytest.raises(IndexFormatError, match="copied from another index"):
         Retriever.load(folder, encoder=FakeEncoder())
 
@@ -171,7 +172,7 @@ def test_verify_reads_every_byte(built, monkeypatch):
     # Damage the middle of a file too large for the load-time fingerprint to cover.
     monkeypatch.setattr(integrity, "EDGE", 64)
     index_corpus(src, folder, FakeEncoder(), rebuild=True)
-    p = data_file(folder, "vectors")
+    p = data_file(folder, "vecs")  # the vectors' only copy
     data = bytearray(p.read_bytes())
     assert len(data) > 4 * 64
     data[len(data) // 2] ^= 0xFF  # one byte in a vector: faiss would read it without a word

@@ -399,7 +399,7 @@ class IndexWriter:
             order = vecfile.list_order(ids, self.vectors.lists()) if self.vectors.external_refine and len(ids) else None
             vecfile.write(self.folder / vecfile.file_name(self.seg_id), ids, vecs, seg_index.get("storage"), order)
             del ids, vecs
-            self.vectors.save(self.folder / self.vectors_file)
+            self.vectors.save(self.folder / self.vectors_file, vectors_elsewhere=True)
             for name in (self.docs_file, self.vectors_file):
                 fsync_file(self.folder / name)
             tail.append(segment_entry(self.folder, self.seg_id, self.new_docs, self.vectors,

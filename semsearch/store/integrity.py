@@ -74,7 +74,7 @@ def faiss_ids(index) -> np.ndarray:
 def vector_ids(vectors) -> np.ndarray:
     """Every id a segment's vector index holds: a MatrixIndex's (its vector file's, no faiss),
     else the faiss index's."""
-    return vectors.ids if hasattr(vectors, "matrix") else faiss_ids(vectors.index)
+    return vectors.ids if hasattr(type(vectors), "matrix") else faiss_ids(vectors.index)  # the class: no widening of fp16 rows
 
 
 # ---- record at commit, check at load -----------------------------------------------------------

@@ -175,7 +175,7 @@ def merge(folder: Path, group: list[dict], seg_id: int, dim: int, manifest) -> d
         # posting files has its terms in its docstore rows, inverted again
         store.write_lexical([(lexical.open_file(folder / e["postings"]), d.chunks) for e, d in zip(group, deads) if e.get("postings")])
         store.commit()
-        vi.save(folder / vectors_file)
+        vi.save(folder / vectors_file, vectors_elsewhere=True)
         for name in (docs_file, vectors_file):
             fsync_file(folder / name)
         return segment_entry(folder, seg_id, store, vi, entry, sorted(states))

@@ -67,7 +67,7 @@ def write_segment(folder: Path, seg_id: int, dim: int, files: list[dict[str, Any
         store.write_lexical()
         store.commit()
         kept.finish()
-        vi.save(folder / vectors_file)
+        vi.save(folder / vectors_file, vectors_elsewhere=True)
         for name in (docs_file, vectors_file):
             fsync_file(folder / name)
         return segment_entry(folder, seg_id, store, vi, index, [kept.name] if kept.opened else [])

@@ -155,6 +155,8 @@ def segment_entry(folder: Path, seg_id: int, store: DocStore, vectors, index: di
     if (Path(folder) / vecfile.file_name(seg_id)).exists():  # its vectors (store/vecfile.py)
         extra = {**extra, "vecs": vecfile.file_name(seg_id)}
         names.append(extra["vecs"])
+        if vectors.kind == "flat":  # saved without them (VectorIndex.save): searched from the vector file
+            extra["vectors_from"] = "vecs"
     if (Path(folder) / lexical.file_name(docs_file)).exists():  # its posting file (store/lexical.py)
         extra = {**extra, "postings": lexical.file_name(docs_file)}
         names.append(extra["postings"])
@@ -183,8 +185,7 @@ class Segment:
         try:
             if entry.get("vecs"):
                 self.vecs = VectorFile(self.folder / entry["vecs"])
-            params = entry.get("index", {}).get("params") or {}
-            if kind == "flat" and params.get("store") == "vecs":  # format 6: the vector file is the only copy
+            if kind == "flat" and entry.get("vectors_from") == "vecs":  # format 6: the vector file is the only copy
                 if self.vecs is None or self.vecs.ordered:
                     raise ValueError("a flat segment without its vector file")
                 if device == "cuda" and faiss_gpus() > 0:  # faiss's GPU scan, filled from the file

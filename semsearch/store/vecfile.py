@@ -15,7 +15,11 @@ and opening the file reads nothing.
 Layout (little-endian): MAGIC (8 bytes), n and dim (int64 each), then the n chunk ids (int64,
 sorted), padding to 64 bytes, then the n x dim float32 vectors in the order of the ids; or, under
 MAGIC_F16 (an index built with `--vector-storage fp16`), float16 ones: half the bytes on disk and
-half the pages a query's re-ranking touches, every reader given them as float32. Integrity
+half the pages a query's re-ranking touches, every reader given them as float32. Since format 6
+an IVF fast-scan segment's file keeps its rows list by list (SPANN's and LanceDB's layout):
+its magic says so (ORDERED), and the sorted ids are followed by the row of each (int32). A
+query re-ranks the candidates of the few lists it probed: a few runs of rows, each read with
+one pread (read_rows), not ~1,000 rows scattered over the file. Integrity
 (size, fingerprint, sha256) is recorded in the manifest like every data file. Why by hand, not
 `.npy`/`.npz`: numpy parses an `.npy` header with `ast.literal_eval`, which is not safe from
 several threads on CPython 3.11 (python/cpython#106905), and readers open segments from many.

@@ -263,7 +263,6 @@ class VectorIndex:
         params = dict(params or {})
         if kind == "flat":
             index = faiss.IndexIDMap2(faiss.IndexFlatIP(dim))
-            params["store"] = "vecs"  # saved without its vectors: the segment's vector file has them (MatrixIndex)
         elif kind in ("ivf", "ivf-sq8"):
             nlist = int(params.setdefault("nlist", 1024))
             quantizer = faiss.IndexFlatIP(dim)
@@ -319,7 +318,7 @@ class VectorIndex:
         if kind in IVF_TYPES:
             params.setdefault("nlist", default_nlist(n))
         on_gpu = device == "cuda" and faiss_gpus() > 0
-        if not hasattr(batches, "matrix") and (kind in IVF_TYPES or on_gpu or kind == "ivf-fastscan"):
+        if not isinstance(batches, (VectorFile, MemoryVectors)) and (kind in IVF_TYPES or on_gpu or kind == "ivf-fastscan"):
             got = list(batches)
             store = MemoryVectors(dim)
             for ids, vecs in got:
@@ -336,7 +335,7 @@ class VectorIndex:
     def _build(cls, dim: int, kind: str, batches, n: int, params: dict[str, Any], train_sample: int, seed: int,
                device: str) -> "VectorIndex":
         vi = cls.create(dim, kind, dict(params), device)
-        store = batches if hasattr(batches, "matrix") else None
+        store = batches if isinstance(batches, (VectorFile, MemoryVectors)) else None
         if store is not None and vi.external_refine:
             vi.refine = store  # re-ranking reads the store itself: no second copy
         if kind in IVF_TYPES:  # at least the ~39 points a list faiss's k-means asks for (1.6 M at 40k lists)
@@ -399,12 +398,15 @@ class VectorIndex:
             vi.refine = refine if refine is not None else VectorFile(Path(path).with_suffix(".vec"))
         return vi
 
-    def save(self, path: Path) -> None:
+    def save(self, path: Path, vectors_elsewhere: bool = False) -> None:
         """Write the faiss file. The full vectors (ivf-fastscan's re-ranking rows too) are the
-        segment's vector file, written by the segment's writer (store/vecfile.py)."""
+        segment's vector file, written by the segment's writer (store/vecfile.py).
+        `vectors_elsewhere` (a segment's writer, since format 6): a flat index is written
+        without its vectors, which only the vector file keeps (its segment entry says so, and
+        it is searched from that file: MatrixIndex)."""
         import faiss
 
-        if self.kind == "flat" and self.params.get("store") == "vecs":  # no second copy (MatrixIndex)
+        if vectors_elsewhere and self.kind == "flat":
             faiss.write_index(faiss.IndexIDMap2(faiss.IndexFlatIP(self.d)), str(path))
             return
         faiss.write_index(self.index, str(path))
