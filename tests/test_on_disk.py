@@ -381,3 +381,23 @@ def test_rows_read_in_runs_equal_the_mapped_rows(tmp_path, storage):
         assert np.array_equal(vf.read_rows(rows), want[rows])
     got_ids, got = vf.get_file_order(np.asarray(lists[3]))
     assert np.array_equal(got, x[got_ids - 10].astype(vf._rows.dtype).astype(np.float32))
+
+
+@pytest.mark.parametrize("with_torch", [False, True])
+def test_widening_fp16_rows_is_exact(monkeypatch, with_torch):
+    """vecfile.widen gives numpy's own cast for every finite fp16 value (subnormals, signed
+    zeros), by its bit operations or by torch's cast where torch is loaded."""
+    import sys
+
+    if with_torch:
+        import torch  # noqa: F401
+    else:
+        monkeypatch.delitem(sys.modules, "torch", raising=False)
+    h = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    h = h[np.isfinite(h)]
+    rows = np.resize(h, (len(h) // 64, 64))
+    got, want = vecfile.widen(rows), rows.astype(np.float32)
+    assert got.dtype == np.float32 and np.array_equal(got, want)
+    assert np.array_equal(np.signbit(got), np.signbit(want))
+    ro = np.frombuffer(rows.tobytes(), np.float16).reshape(rows.shape)  # read-only, as a map is
+    assert np.array_equal(vecfile.widen(ro), want) and np.array_equal(vecfile.widen(want), want)

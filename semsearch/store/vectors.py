@@ -25,7 +25,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from semsearch.errors import InputError
-from semsearch.store.vecfile import MemoryVectors, VectorFile
+from semsearch.store.vecfile import MemoryVectors, VectorFile, widen
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +153,7 @@ class MatrixIndex:
         if self._matrix is None:
             with self._lock:
                 if self._matrix is None:
-                    self._matrix = np.ascontiguousarray(self._raw, np.float32)
+                    self._matrix = widen(self._raw)
         return self._matrix
 
     @property
