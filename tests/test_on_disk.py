@@ -401,3 +401,21 @@ def test_widening_fp16_rows_is_exact(monkeypatch, with_torch):
     assert np.array_equal(np.signbit(got), np.signbit(want))
     ro = np.frombuffer(rows.tobytes(), np.float16).reshape(rows.shape)  # read-only, as a map is
     assert np.array_equal(vecfile.widen(ro), want) and np.array_equal(vecfile.widen(want), want)
+
+
+def test_a_vector_file_rewrite_left_by_a_crash_is_removed_by_the_next_write(tmp_path, fastscan):
+    """vecfile.reorder writes `<file>.tmp` then renames it: one left by a killed merge is removed
+    with the other leftovers of an interrupted run, and the index answers as before."""
+    import shutil
+
+    from semsearch.documents import Document, upsert_documents
+
+    idx = tmp_path / "idx"
+    shutil.copytree(fastscan, idx)
+    (idx / "vectors.99.vec.tmp").write_bytes(b"half a rewrite")
+    (idx / "notes.tmp").write_text("not ours")
+    before = [h.id for h in Retriever.load(idx, encoder=FakeEncoder()).search("w5 w6", 5, mode="dense")]
+    upsert_documents(idx, [Document("new", "w1 w2 w3")], FakeEncoder())
+    assert not (idx / "vectors.99.vec.tmp").exists() and (idx / "notes.tmp").exists()
+    after = Retriever.load(idx, encoder=FakeEncoder()).search("w5 w6", 6, mode="dense")
+    assert [h.id for h in after if h.text != "w1 w2 w3"][:5] == before

@@ -477,7 +477,9 @@ class IndexWriter:
     def _clean(self, keep: set[str]) -> None:
         """Remove data files not in `keep` (older generations, or an interrupted run's)."""
         for p in self.folder.iterdir():
-            if p.name in keep or not (_gen_of(p.name) or p.name == MANIFEST + ".tmp"):
+            # data files, the manifest's and a vector file's rewrite (vecfile.reorder) left by a crash
+            stray = p.name == MANIFEST + ".tmp" or (p.name.endswith(".tmp") and bool(_gen_of(p.name[:-4])))
+            if p.name in keep or not (_gen_of(p.name) or stray):
                 continue
             p.unlink(missing_ok=True)
 
