@@ -287,7 +287,7 @@ class VectorFile:
         file's candidates, a merge's batch) are gathered from the map."""
         rows = np.asarray(rows, np.int64)
         fh = getattr(self, "_fh", None)
-        if fh is None or len(rows) < 2:
+        if fh is None or len(rows) < 2 or not hasattr(os, "preadv"):  # (no preadv: macOS before 11)
             return widen(self._rows[rows])
         cuts = np.flatnonzero(np.diff(rows) > _GAP) + 1
         starts, ends = rows[np.r_[0, cuts]], rows[np.r_[cuts - 1, len(rows) - 1]] + 1
