@@ -463,3 +463,14 @@ def test_a_run_killed_with_sigkill_resumes_what_it_had_embedded(tmp_path):
     rep = index_corpus(src, folder, enc, chunking=ChunkSettings(20, 4), flush_chunks=16)
     total = Manifest.load(folder).counts["chunks"]
     assert rep.resumed >= 128 and enc.calls == total - rep.resumed  # the batch being embedded at the kill is lost
+
+
+def test_a_manifest_that_counts_chunks_but_names_no_segment_is_refused(built):
+    """Emptied segment list (hand edit, bad copy): a clear error, not an index that answers nothing."""
+    src, folder = built
+    raw = json.loads((folder / "manifest.json").read_text())
+    assert raw["counts"]["chunks"] > 0
+    raw["segments"] = []
+    (folder / "manifest.json").write_text(json.dumps(raw))
+    with pytest.raises(IndexFormatError, match="names no segment"):
+        Retriever.load(folder, encoder=FakeEncoder())
