@@ -465,12 +465,32 @@ def test_a_run_killed_with_sigkill_resumes_what_it_had_embedded(tmp_path):
     assert rep.resumed >= 128 and enc.calls == total - rep.resumed  # the batch being embedded at the kill is lost
 
 
-def test_a_manifest_that_counts_chunks_but_names_no_segment_is_refused(built):
-    """Emptied segment list (hand edit, bad copy): a clear error, not an index that answers nothing."""
+@pytest.mark.parametrize("how", ["emptied", "removed"])
+def test_a_manifest_that_counts_chunks_but_names_no_segment_is_refused(built, how):
+    """Segment list emptied or its key removed (hand edit, bad copy): a clear error, not an index
+    that answers nothing. --rebuild over it still works (it reads the damaged manifest leniently)."""
     src, folder = built
     raw = json.loads((folder / "manifest.json").read_text())
     assert raw["counts"]["chunks"] > 0
-    raw["segments"] = []
+    if how == "emptied":
+        raw["segments"] = []
+    else:
+        del raw["segments"]
     (folder / "manifest.json").write_text(json.dumps(raw))
     with pytest.raises(IndexFormatError, match="names no segment"):
         Retriever.load(folder, encoder=FakeEncoder())
+
+
+@pytest.mark.parametrize("value", [True, 3, None, 1.5, "x", [1, "a"], {"a": 1}])
+def test_rebuild_over_a_manifest_with_a_mistyped_segment_list(built, value):
+    """Fuzz finding: --rebuild over a manifest whose segments field had the wrong type raised
+    TypeError while sorting out the folder's leftovers; it now rebuilds."""
+    src, folder = built
+    raw = json.loads((folder / "manifest.json").read_text())
+    raw["segments"] = value
+    (folder / "manifest.json").write_text(json.dumps(raw))
+    with pytest.raises(IndexFormatError):
+        Retriever.load(folder, encoder=FakeEncoder())
+    index_corpus(src, folder, FakeEncoder(), rebuild=True)
+    assert Manifest.load(folder).counts["chunks"] > 0
+    assert Retriever.load(folder, encoder=FakeEncoder()).search("loan", k=3)

@@ -500,12 +500,16 @@ def _current_files(folder: Path) -> set[str]:
     """The data files the current manifest names, read leniently (any format version)."""
     try:
         raw = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
-        names = {str(v) for v in raw.get("files", {}).values()}
-        for s in raw.get("segments", []):
-            names |= {str(s.get(k)) for k in ("docs", "vectors", "vecs", "postings", "deletes") if s.get(k)}
-        return names
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError):
         return set()
+    if not isinstance(raw, dict):
+        return set()
+    files, segments = raw.get("files"), raw.get("segments")
+    names = {str(v) for v in files.values()} if isinstance(files, dict) else set()
+    for s in segments if isinstance(segments, list) else []:
+        if isinstance(s, dict):
+            names |= {str(s.get(k)) for k in ("docs", "vectors", "vecs", "postings", "deletes") if s.get(k)}
+    return names
 
 
 def index_path(index: str | os.PathLike | None) -> Path:

@@ -149,7 +149,7 @@ def check_manifest(raw: Any, path: Path) -> None:
     for x in segs:
         check_segment(x, folder, path.name)
     chunks = (raw.get("counts") or {}).get("chunks", 0)
-    if "segments" in raw and not segs and _is_int(chunks) and chunks > 0:  # (format 1 has no list)
+    if not segs and _is_int(chunks) and chunks > 0:  # (a format-1 manifest was given its list by upgrade_v1)
         raise damaged(folder, path.name, f"damaged manifest (it counts {chunks} chunks but names no segment)")
     ids = raw.get("next_ids", {})
     if not isinstance(ids, dict) or not all(_is_int(v) for v in ids.values()):
