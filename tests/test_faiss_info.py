@@ -100,3 +100,25 @@ def test_gpu_extra_installs_no_second_faiss():
     names = [re.split(r"[\s<>=!~;\[@]", r, maxsplit=1)[0] for r in project["optional-dependencies"]["gpu"]]
     assert names and fi.faiss_distributions(names) == []
     assert fi.faiss_distributions(re.split(r"[\s<>=!~;\[@]", r, maxsplit=1)[0] for r in project["dependencies"]) == ["faiss-cpu"]
+
+
+def test_installed_distributions_read_from_folder_names_as_importlib_metadata_finds_them(tmp_path, monkeypatch):
+    """The folder-name scan finds what importlib.metadata finds, on a made-up site folder (wheel
+    and egg layouts, a develop install, a user of faiss that does not provide it) and here."""
+    from importlib.metadata import distributions
+
+    site = tmp_path / "site"
+    for folder, name in [("faiss_cpu-1.9.0.dist-info", "faiss-cpu"), ("faiss_gpu_cu12-1.8.0.dist-info", "faiss-gpu-cu12"),
+                         ("faiss-1.7.4-py3.11.egg-info", "faiss"), ("faiss_haystack-1.0.dist-info", "faiss-haystack"),
+                         ("numpy-2.0.dist-info", "numpy")]:
+        (site / folder).mkdir(parents=True)
+        (site / folder / ("METADATA" if folder.endswith("dist-info") else "PKG-INFO")).write_text(
+            f"Metadata-Version: 2.1\nName: {name}\nVersion: 1\n")
+    (site / "Faiss_GPU.egg-info").mkdir()  # a develop install: no version in the name
+    (site / "Faiss_GPU.egg-info" / "PKG-INFO").write_text("Metadata-Version: 2.1\nName: Faiss_GPU\nVersion: 1\n")
+    monkeypatch.setattr(sys, "path", [str(site), str(tmp_path / "gone"), str(tmp_path / "a.zip")])
+    got = fi.installed_faiss_distributions()
+    assert got == ["faiss", "faiss-cpu", "faiss-gpu", "faiss-gpu-cu12"]
+    assert got == fi.faiss_distributions(d.metadata["Name"] for d in distributions(path=[str(site)]))
+    monkeypatch.undo()
+    assert fi.installed_faiss_distributions() == fi.faiss_distributions(d.metadata["Name"] or "" for d in distributions())
