@@ -161,6 +161,33 @@ def test_count_and_id_checks_catch_what_the_fingerprint_cannot_see(built):
         Retriever.load(folder, encoder=FakeEncoder())
 
 
+def test_opening_an_index_with_integrity_records_reads_no_id_list_or_count(built, monkeypatch):
+    """Opening stays O(1) in the index's size: where the files' records were checked, the id set
+    is not walked and SQLite does not count the chunks (both O(N)); without records they are."""
+    from semsearch.store import integrity
+
+    src, folder = built
+    seen = []
+    real = integrity.vector_ids
+    monkeypatch.setattr(integrity, "vector_ids", lambda v: seen.append("ids") or real(v))
+    traced: list[str] = []
+    real_connect = sqlite3.connect
+
+    def connect(*a, **kw):
+        db = real_connect(*a, **kw)
+        db.set_trace_callback(traced.append)
+        return db
+
+    monkeypatch.setattr(sqlite3, "connect", connect)
+    assert Retriever.load(folder, encoder=FakeEncoder()).search("loan", k=2)
+    assert seen == [] and not [q for q in traced if "COUNT(*)" in q.upper()]
+    raw = json.loads((folder / "manifest.json").read_text())
+    raw["segments"][0]["integrity"] = None
+    (folder / "manifest.json").write_text(json.dumps(raw))
+    assert Retriever.load(folder, encoder=FakeEncoder()).search("loan", k=2)
+    assert [q for q in traced if "COUNT(*)" in q.upper()]
+
+
 def test_verify_reads_every_byte(built, monkeypatch):
     from click.testing import CliRunner
 
