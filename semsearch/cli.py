@@ -179,7 +179,7 @@ def index(corpus, index, model, pooling, head, device, precision, chunk_tokens, 
 @handle_errors
 def watch(folder, index, include, exclude, debounce, max_wait, poll, poll_ms, model, device, precision, chunk_tokens, overlap,
           text_column, skip_errors, checksum, progress):
-    """Keep an index in step with FOLDER until stopped (Ctrl-C).
+    """Keep an index in step with FOLDER until stopped (Ctrl-C or SIGTERM).
 
     First catches up as `semsearch index FOLDER` would (new and changed files embedded, deleted
     ones removed), then watches: created, changed, renamed and deleted files are gathered into
@@ -200,10 +200,26 @@ def watch(folder, index, include, exclude, debounce, max_wait, poll, poll_ms, mo
                 overlap=overlap, text_column=text_column, skip_errors=skip_errors, checksum=checksum, progress=progress, log=log)
     how = f"polling every {poll_ms} ms" if poll else "file-system events"
     click.echo(f"watching {w.corpus} into {w.folder} ({how}, debounce {debounce} ms); Ctrl-C to stop", err=True)
+    _term_as_interrupt()
     try:
         w.run()
     except KeyboardInterrupt:
         click.echo("stopped watching", err=True)
+
+
+def _term_as_interrupt() -> None:
+    """SIGTERM (what `kill`, systemd and `docker stop` send) ends a long-running command as
+    Ctrl-C does: a batch under way publishes nothing, what was published stays, and the
+    command says it stopped and exits 0. Also the way to stop one started in the background of
+    a script, where the shell has it ignore SIGINT."""
+    import signal
+    import threading
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, interrupt)
 
 
 @main.command()

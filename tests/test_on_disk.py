@@ -6,6 +6,7 @@ Opening reads neither whole. `--vector-storage fp16` stores the full vectors at 
 faiss, postings in SQLite) and format 3 ones (vectors in the docstore) still open and answer."""
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sqlite3
@@ -465,3 +466,33 @@ def test_sweeps_over_a_vector_file_leave_its_pages_unmapped(tmp_path, storage):
     got2 = {int(i): v for i, v in zip(*[np.concatenate(x) for x in zip(*vf2.iter(5000))])}
     assert len(got2) == n and all(np.array_equal(got2[int(i)], want[int(i) - 5]) for i in ids[::997])
     assert _mapped_rss(path) < size // 8
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps") or not hasattr(os, "preadv"),
+                    reason="needs Linux's /proc/self/smaps and preadv")
+def test_scattered_sweeps_read_their_rows_without_mapping_them(tmp_path, monkeypatch):
+    """The IVF build's training sample and the rewrite in list order read rows scattered all
+    over the file, a batch at a time: gathered through the map, one batch faults in nearly every
+    page (folio) of it, whatever release() does after (1.5 GB mapped at once at 1M chunks). They
+    read with pread: with release() doing nothing, the rows' pages never enter the process."""
+    monkeypatch.setattr(vecfile.VectorFile, "release", lambda self: None)
+    rng = np.random.default_rng(3)
+    n, dim = 40_000, 96
+    ids = np.arange(n, dtype=np.int64)
+    vecs = rng.standard_normal((n, dim)).astype(np.float32)
+    path = tmp_path / "vectors.1.vec"
+    vecfile.write(path, ids, vecs, storage="fp16")
+    want = vecs.astype(np.float16).astype(np.float32)
+    size = path.stat().st_size
+    vf = vecfile.VectorFile(path)
+    sid, sv = vf.sample(n // 40, seed=2)  # ~40 rows apart: more runs than a re-ranking reads
+    np.testing.assert_array_equal(sv, want[sid])
+    assert _mapped_rss(path) < size // 16, (_mapped_rss(path), size)  # the ids it looked at, not the rows
+    lists = [np.sort(x) for x in np.array_split(rng.permutation(ids), 9)]
+    # batches of 1,000 rows, ~40 apart (as a 1M-row file's rewrite reads them, 65,536 at a time)
+    monkeypatch.setattr(vecfile, "write_ordered", functools.partial(vecfile.write_ordered, batch=1000))
+    vf2 = vecfile.reorder(path, lists)
+    assert _mapped_rss(path) < size // 16, (_mapped_rss(path), size)
+    for i in (0, 4, 8):  # each list's rows, read back together, are the rows written
+        got = vf2.get(lists[i])
+        np.testing.assert_array_equal(got, want[lists[i]])

@@ -308,11 +308,25 @@ def _essay(rng: random.Random, n: int) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(n)) + ".\n"
 
 
+def _sigint_ignored() -> bool:
+    """Whether this process ignores SIGINT (a test run started in the background of a script):
+    its children inherit that, and Python then leaves Ctrl-C ignored in them too."""
+    status = Path("/proc/self/status")
+    if not status.exists():
+        return False
+    ign = next((ln.split()[1] for ln in status.read_text().splitlines() if ln.startswith("SigIgn:")), "0")
+    return bool(int(ign, 16) >> (signal.SIGINT - 1) & 1)
+
+
+# Ctrl-C where a child can receive it; else SIGTERM, which the command takes the same way
+_CTRL_C = signal.SIGTERM if _sigint_ignored() else signal.SIGINT
+
+
 class _Proc:
     """A `semsearch watch` child: its stdout and stderr lines, gathered by threads."""
 
     def __init__(self, *args: str):
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1"}
         script = Path(sys.executable).with_name("semsearch")  # the installed command, else the module
         cmd = [str(script)] if script.exists() else [sys.executable, "-m", "semsearch.cli"]
         self.p = subprocess.Popen([*cmd, "-v", "watch", *args], cwd=REPO, env=env,
@@ -322,10 +336,41 @@ class _Proc:
         for stream, into in ((self.p.stdout, self.out), (self.p.stderr, self.err)):
             threading.Thread(target=lambda s=stream, i=into: [i.append(line.rstrip("\n")) for line in s], daemon=True).start()
 
+    def stop(self, sig=signal.SIGINT) -> int:
+        """Send sig and wait for the exit status; a child that does not end in time has its
+        threads' stacks (faulthandler, on SIGABRT) and its last lines put in the failure."""
+        self.p.send_signal(sig)
+        try:
+            return self.p.wait(DEADLINE)
+        except subprocess.TimeoutExpired:
+            status = Path(f"/proc/{self.p.pid}/status")
+            sigs = [ln for ln in status.read_text().splitlines() if ln.startswith("Sig")] if status.exists() else []
+            self.p.send_signal(signal.SIGABRT)
+            self.p.wait(DEADLINE)
+            time.sleep(1)
+            raise AssertionError(f"no exit {DEADLINE} s after {sig!r}: {sigs}\n" + "\n".join(self.out[-10:] + self.err[-80:]))
+
     def wait_line(self, lines: list[str], text: str, after: int = 0) -> int:
         until(lambda: any(text in line for line in lines[after:]) or self.p.poll() is not None, f"{text!r}", 120)
         assert any(text in line for line in lines[after:]), (self.out, self.err[-20:])
         return len(lines)
+
+
+def test_cli_sigterm_stops_watching_as_ctrl_c_does(tmp_path):
+    """kill, systemd and docker stop send SIGTERM: the command says it stopped and exits 0,
+    with what it published intact."""
+    corpus, index = tmp_path / "notes", tmp_path / "idx"
+    corpus.mkdir()
+    (corpus / "bank.txt").write_text("The bank approved the loan after checking the credit score.\n")
+    w = _Proc(str(corpus), "--index", str(index), "--device", "cpu", "--precision", "fp32")
+    try:
+        w.wait_line(w.out, "catch-up: 1 added")
+        assert w.stop(signal.SIGTERM) == 0
+        until(lambda: any("stopped watching" in line for line in w.err), "the goodbye line", 5)
+    finally:
+        if w.p.poll() is None:
+            w.p.kill()
+    assert verify(index) == [] and indexed(index) == {"bank.txt"}
 
 
 def test_cli_real_model_kill_mid_batch_then_catch_up(tmp_path):
@@ -365,8 +410,7 @@ def test_cli_real_model_kill_mid_batch_then_catch_up(tmp_path):
         w.wait_line(w.out, "catch-up: 40 added, 0 changed, 0 removed")
         assert indexed(index) == {p.name for p in corpus.iterdir()}
         assert verify(index) == []
-        w.p.send_signal(signal.SIGINT)
-        assert w.p.wait(DEADLINE) == 0
+        assert w.stop(_CTRL_C) == 0
         until(lambda: any("stopped watching" in line for line in w.err), "the goodbye line", 5)
     finally:
         if w.p.poll() is None:

@@ -146,10 +146,8 @@ def reorder(path: Path, lists: Iterable[np.ndarray]) -> "VectorFile":
     tmp = Path(path).with_name(Path(path).name + ".tmp")
     # Positions ascending within each batch read the old file in its order (one forward sweep a
     # batch); the rows go out in `order`.
-    def rows_at(pos: np.ndarray) -> np.ndarray:  # a batch's rows lie all over the old file: let its pages go
-        out = old.at_positions(pos)
-        old.release()
-        return out
+    def rows_at(pos: np.ndarray) -> np.ndarray:  # a batch's rows lie all over the old file: read, not mapped
+        return old.at_positions(pos, sweep=True)
 
     write_ordered(tmp, old.ids, old.dim, order, rows_at, old.storage)
     os.replace(tmp, path)
@@ -253,13 +251,13 @@ class VectorFile:
         at, held = self._pos(ids)
         return (at if self._row_of is None else self._row_of[at].astype(np.int64)), held
 
-    def at_positions(self, pos: np.ndarray) -> np.ndarray:
+    def at_positions(self, pos: np.ndarray, sweep: bool = False) -> np.ndarray:
         """The float32 vectors of the ids at these positions (in the order given), the rows read
-        in file order."""
+        in file order; `sweep`: see read_rows."""
         rows = np.asarray(pos, np.int64) if self._row_of is None else self._row_of[pos].astype(np.int64)
         order = np.argsort(rows, kind="stable")
         out = np.empty((len(rows), self.dim), np.float32)
-        out[order] = self.read_rows(rows[order])
+        out[order] = self.read_rows(rows[order], sweep)
         return out
 
     def get(self, ids: np.ndarray) -> np.ndarray | None:
@@ -279,7 +277,7 @@ class VectorFile:
         order = np.argsort(rows, kind="stable")
         return np.asarray(ids, np.int64)[order], self.read_rows(rows[order])
 
-    def read_rows(self, rows: np.ndarray) -> np.ndarray:
+    def read_rows(self, rows: np.ndarray, sweep: bool = False) -> np.ndarray:
         """The float32 vectors of these rows (sorted). Where they fall in a few runs (a
         re-ranking's candidates in a file kept list by list: the lists it probed), each run is
         read with one pread into this process's buffer, not through the map. Why: the page
@@ -289,14 +287,22 @@ class VectorFile:
         query, where its candidates' rows are ~0.5 MB (docs/benchmarks.md). A pread copies only
         the bytes asked for, whatever the page cache holds. A few scattered rows (the lexical
         hits whose cosine a hybrid query needs) are read one pread each; many (an id-ordered
-        file's candidates, a merge's batch) are gathered from the map."""
+        file's candidates) are gathered from the map.
+
+        `sweep`: rows scattered over the whole file, a batch of a sweep that reads all or much of
+        it (a build's training sample, its rewrite in list order): every run is read with pread,
+        however many (~1.5 us each: a few seconds for 1M rows), and only runs of consecutive rows
+        are joined, so the buffer holds the rows asked for and nothing between. Gathered from the
+        map, such a batch faults in nearly every folio of the file: at 1M chunks the rewrite's
+        batches held 1.5 GB of the vector file mapped at once, and at 10M they would hold ~15 GB
+        (page cache, but counted in the build's RSS; docs/benchmarks.md)."""
         rows = np.asarray(rows, np.int64)
         fh = getattr(self, "_fh", None)
         if fh is None or len(rows) < 2 or not hasattr(os, "preadv"):  # (no preadv: macOS before 11)
             return widen(self._rows[rows])
-        cuts = np.flatnonzero(np.diff(rows) > _GAP) + 1
+        cuts = np.flatnonzero(np.diff(rows) > (1 if sweep else _GAP)) + 1
         starts, ends = rows[np.r_[0, cuts]], rows[np.r_[cuts - 1, len(rows) - 1]] + 1
-        if len(starts) > _MAX_RUNS:
+        if len(starts) > _MAX_RUNS and not sweep:
             return widen(self._rows[rows])
         width = self._rows.dtype.itemsize * self.dim
         buf = np.empty((int((ends - starts).sum()), self.dim), self._rows.dtype)
@@ -335,7 +341,7 @@ class VectorFile:
                 got = (ids.copy(), np.array(vecs, np.float32) if vecs.dtype == np.float32 else widen(vecs)) if len(ids) else None
             else:
                 pos = np.arange(at, at + len(ids)) if m is None else np.flatnonzero(m) + at
-                got = (self.ids[pos].copy(), self.at_positions(pos)) if len(pos) else None
+                got = (self.ids[pos].copy(), self.at_positions(pos, sweep=True)) if len(pos) else None
             self.release()
             if got is not None:
                 yield got
@@ -344,8 +350,8 @@ class VectorFile:
         """(ids, vectors) of n rows drawn without replacement (all where n >= the count), in id order."""
         rng = np.random.default_rng(seed)
         at = np.sort(rng.choice(len(self.ids), min(n, len(self.ids)), replace=False)) if len(self.ids) else np.zeros(0, np.int64)
-        out = self.ids[at].copy(), self.at_positions(at)
-        self.release()
+        out = self.ids[at].copy(), self.at_positions(at, sweep=True)
+        self.release()  # the pages of the ids it looked at
         return out
 
     def release(self) -> None:
