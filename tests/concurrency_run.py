@@ -36,7 +36,7 @@ MODES = ["dense", "lexical", "hybrid"]
 EXTRA_ID = "zz-extra"
 EXTRA_TEXT = "Qwxv plorb zintafex grumbleworts vorpal snicker-snack."
 THREADS = 8
-ROUNDS = 3
+ROUNDS = int(os.environ.get("SEMSEARCH_CONCURRENCY_ROUNDS", "1"))  # passes over the calls per thread (a soak: 10)
 
 
 def calls():
