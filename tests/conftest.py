@@ -170,3 +170,16 @@ def vectors_into_docstore(folder, seg: dict) -> None:
     files = seg["integrity"]["files"]
     files.pop(f"vectors.{seg['id']}.vec")
     files[seg["docs"]] = integrity.file_record(Path(folder) / seg["docs"])
+
+
+def mapped_rss(path) -> int:
+    """Bytes of `path` resident in this process's mappings (/proc/self/smaps)."""
+    total, name = 0, None
+    with open("/proc/self/smaps") as fh:
+        for line in fh:
+            head = line.split()
+            if head and "-" in head[0] and len(head) >= 5:  # a mapping's first line
+                name = head[5] if len(head) > 5 else None
+            elif name == str(path) and line.startswith("Rss:"):
+                total += int(head[1]) * 1024
+    return total

@@ -257,6 +257,13 @@ def build_vectors(vecs, dim: int, requested: str, n: int, target: float, params:
     (the index filled while writing) is kept where it is that type and needs no retraining; the
     search knob is tuned to recall `target` at k. Reads the vectors in batches: memory holds the
     index, the training sample and one batch."""
+    with vecs.sweeping():  # a file no reader has yet: its scattered reads by pread, its pages let go of
+        return _build_vectors(vecs, dim, requested, n, target, params, k, sample, tune_queries, device,
+                              max_bytes_per_vector, current, trained_on)
+
+
+def _build_vectors(vecs, dim, requested, n, target, params, k, sample, tune_queries, device, max_bytes_per_vector,
+                   current, trained_on) -> tuple[VectorIndex, dict[str, Any]]:
     t0 = time.perf_counter()
     kind = segment_type(requested, n, dim, max_bytes_per_vector)
     vi = current
