@@ -83,3 +83,15 @@ class Memo:
             if key not in self._values:
                 self._values[key] = build()
             return self._values[key]
+
+
+def unmap_pages(m) -> None:
+    """Drop this process's mapping of the pages of the read-only map `m` that it has touched
+    (madvise DONTNEED; None, or a platform without it: nothing). They stay in the page cache, and
+    a later read faults them back in; for a file that never changes it finds the same bytes, so
+    readers in other threads are unaffected. What a sweep over a whole file calls as it goes:
+    otherwise the file ends up resident in the process, counted in its RSS."""
+    import mmap
+
+    if m is not None and hasattr(m, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
+        m.madvise(mmap.MADV_DONTNEED)

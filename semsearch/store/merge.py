@@ -258,34 +258,29 @@ def build_vectors(vecs, dim: int, requested: str, n: int, target: float, params:
     search knob is tuned to recall `target` at k. Reads the vectors in batches: memory holds the
     index, the training sample and one batch."""
     with vecs.sweeping():  # a file no reader has yet: its scattered reads by pread, its pages let go of
-        return _build_vectors(vecs, dim, requested, n, target, params, k, sample, tune_queries, device,
-                              max_bytes_per_vector, current, trained_on)
-
-
-def _build_vectors(vecs, dim, requested, n, target, params, k, sample, tune_queries, device, max_bytes_per_vector,
-                   current, trained_on) -> tuple[VectorIndex, dict[str, Any]]:
-    t0 = time.perf_counter()
-    kind = segment_type(requested, n, dim, max_bytes_per_vector)
-    vi = current
-    rebuild = vi is None or vi.kind != kind or vi.dirty or (kind in IVF_TYPES and n > 4 * max(trained_on, 1))
-    if rebuild:
-        keep = {k_: v for k_, v in (params or {}).items() if k_ in ("M", "efConstruction", "k_factor")} if vi is None or vi.kind == kind else {}
-        vi = VectorIndex.build(dim, kind, vecs, n, keep, device=resolve_index_device(device))
-        trained_on = n
-    entry: dict[str, Any] = {"type": kind, "params": vi.params, "trained_on": trained_on,
-                             "bytes_per_vector": bytes_per_vector(kind, dim), "built_on": vi.built_on}
-    if kind != "flat" and n > k:
-        rng = np.random.default_rng(0)
-        if tune_queries is not None and len(tune_queries):
-            queries, self_ids = np.ascontiguousarray(tune_queries, np.float32), None
-        else:  # held-out corpus vectors: each query's own vector is excluded from both lists
-            pick = np.sort(rng.choice(len(vecs), min(sample, len(vecs)), replace=False))
-            queries, self_ids = vecs.at_positions(pick), vecs.ids[pick].copy()
-        exact = exact_knn(queries, vecs.iter(65536), k, self_ids)
-        entry["recall"] = tune(vi, queries, exact, k, target, self_ids)
-        entry["params"] = vi.params
-    entry["build_seconds"] = round(time.perf_counter() - t0, 2)
-    return vi, entry
+        t0 = time.perf_counter()
+        kind = segment_type(requested, n, dim, max_bytes_per_vector)
+        vi = current
+        rebuild = vi is None or vi.kind != kind or vi.dirty or (kind in IVF_TYPES and n > 4 * max(trained_on, 1))
+        if rebuild:
+            keep = ({k_: v for k_, v in (params or {}).items() if k_ in ("M", "efConstruction", "k_factor")}
+                    if vi is None or vi.kind == kind else {})
+            vi = VectorIndex.build(dim, kind, vecs, n, keep, device=resolve_index_device(device))
+            trained_on = n
+        entry: dict[str, Any] = {"type": kind, "params": vi.params, "trained_on": trained_on,
+                                 "bytes_per_vector": bytes_per_vector(kind, dim), "built_on": vi.built_on}
+        if kind != "flat" and n > k:
+            rng = np.random.default_rng(0)
+            if tune_queries is not None and len(tune_queries):
+                queries, self_ids = np.ascontiguousarray(tune_queries, np.float32), None
+            else:  # held-out corpus vectors: each query's own vector is excluded from both lists
+                pick = np.sort(rng.choice(len(vecs), min(sample, len(vecs)), replace=False))
+                queries, self_ids = vecs.at_positions(pick), vecs.ids[pick].copy()
+            exact = exact_knn(queries, vecs.iter(65536), k, self_ids)
+            entry["recall"] = tune(vi, queries, exact, k, target, self_ids)
+            entry["params"] = vi.params
+        entry["build_seconds"] = round(time.perf_counter() - t0, 2)
+        return vi, entry
 
 
 def summary(entries: list[dict], new_index: dict) -> dict[str, Any]:

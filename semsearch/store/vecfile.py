@@ -35,6 +35,8 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
+from semsearch.store.files import unmap_pages
+
 MAGIC = b"SSVEC\x00\x01\x00"
 MAGIC_F16 = b"SSVEC\x00\x02\x00"
 HEAD = len(MAGIC) + 16
@@ -378,8 +380,7 @@ class VectorFile:
         1M chunks the final merge of a build held 0.77-1.5 GB of mapped vector pages beside its
         heap, and a 10M one would hold 7.7-15 GB. Harmless to a reader in another thread: the
         file never changes, so its next read of a page finds the same bytes."""
-        if self._map is not None and hasattr(self._map, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
-            self._map.madvise(mmap.MADV_DONTNEED)
+        unmap_pages(self._map)
 
 
 class MemoryVectors:
