@@ -379,10 +379,10 @@ def parse(where: Any) -> Filter | None:
     if isinstance(where, (dict, list, tuple)):
         # where: {field: {op: [values]}} is three levels; anything deeper is refused before any
         # step (repr, str) could recurse into it
+        if len(where) > MAX_WHERE_CONDITIONS:  # counted first: a count costs nothing, a walk grows with the value
+            raise InputError(f"{len(where)} fields or conditions in one filter; the most is {MAX_WHERE_CONDITIONS}")
         check_depth(where, "the filter (where)", min(MAX_DEPTH, 4))
         check_encodable(where, "the filter (where)")  # SQLite cannot bind a lone surrogate
-        if len(where) > MAX_WHERE_CONDITIONS:
-            raise InputError(f"{len(where)} fields or conditions in one filter; the most is {MAX_WHERE_CONDITIONS}")
     if isinstance(where, dict):
         for key, value in where.items():
             if not isinstance(key, str):

@@ -77,3 +77,62 @@ def check_encodable(value: Any, what: str) -> None:
         where, text, at = bad
         raise InputError(f"{what}: {where[:80]} is not valid Unicode text ({ascii(text[at])} at character {at + 1} is a lone surrogate, "
                          "which UTF-8 cannot encode)")
+
+
+# ---- request bodies, before any per-item work -----------------------------------------------------
+def body_problem(data: Any, known: tuple[str, ...], bounds: tuple[tuple[str, int, str], ...],
+                 max_values: int) -> tuple[str, str] | None:
+    """What refuses a parsed JSON request body before it is validated item by item, as (kind,
+    message), kind "input" or "limit"; None when nothing does. Each check costs a count or a walk
+    that stops at `max_values`, whatever the body holds: its type; fields other than `known`;
+    `bounds` ((field, most, "{n} things in one request; the most is {most}"), for lists and
+    objects); then the number of values in the whole body (every string, number, list and
+    object counts one), at most `max_values`."""
+    if not isinstance(data, dict):
+        kind = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(data), "a number")
+        return "input", f"the request body must be a JSON object, not {kind}"
+    unknown = [k for k in data if k not in known]
+    if unknown and unencodable(unknown[:1000]) is None:  # (a key UTF-8 cannot carry: the validation names it)
+        shown = ", ".join(repr(str(k)[:40]) for k in unknown[:5]) + (f" and {len(unknown) - 5:,} more" if len(unknown) > 5 else "")
+        return "input", f"unknown field(s) {shown}; known: {', '.join(known)}"
+    for field, most, message in bounds:
+        value = data.get(field)
+        if isinstance(value, (list, dict)) and len(value) > most:
+            return "limit", message.format(n=f"{len(value):,}", most=f"{most:,}")
+    n, stack = 0, [data]
+    while stack:
+        v = stack.pop()
+        n += 1
+        if n > max_values:
+            return "limit", (f"the request body holds more than {max_values:,} JSON values (strings, numbers, lists, "
+                             f"objects); the most is {max_values:,}: send fewer documents or smaller metadata")
+        if isinstance(v, dict):
+            stack.extend(v.values())
+            n += len(v)  # the keys
+        elif isinstance(v, list):
+            stack.extend(v)
+    return None
+
+
+def json_body_problem(raw: bytes, known: tuple[str, ...], bounds: tuple[tuple[str, int, str], ...],
+                      max_values: int) -> tuple[str, str] | None:
+    """body_problem of raw JSON bytes, or ("json_invalid", why) where they do not parse: for a
+    worker process that reads a large body before the server does (semsearch.serve)."""
+    import json
+
+    try:
+        data = json.loads(raw)
+    except ValueError as e:
+        return "json_invalid", str(e).split(":")[0]
+    return body_problem(data, known, bounds, max_values)
+
+
+def precheck_main(args: str) -> None:
+    """`python -c ...precheck_main(ARGS)`: json_body_problem of the body on standard input, with
+    ARGS the JSON of [known, bounds, max_values]; prints the problem as JSON (null for none)."""
+    import json
+    import sys
+
+    known, bounds, most = json.loads(args)
+    problem = json_body_problem(sys.stdin.buffer.read(), tuple(known), tuple(tuple(b) for b in bounds), most)
+    sys.stdout.write(json.dumps(problem))

@@ -117,12 +117,16 @@ def _display(path: str) -> str:
 class Retriever:
     """Search an index folder. Queries are encoded with the index's own model and pooling."""
 
-    def __init__(self, folder: Path, manifest, vectors, docs, encoder):
+    def __init__(self, folder: Path, manifest, vectors, docs, encoder, stamp=None):
+        """`stamp`: manifest.json's stamp taken *before* `manifest` was read (files.manifest_stamp).
+        A stamp taken after could belong to a generation published in between, which the
+        Retriever would then count as seen and never open; without one, the first search
+        checks the folder's generation against the manifest's."""
         self.folder = Path(folder)
         self._gen = _Generation(manifest, vectors, docs)
         self.encoder = encoder
         self.auto_refresh = True  # search() picks up a new generation (one stat of manifest.json a call)
-        self._stamp = manifest_stamp(self.folder)
+        self._stamp = stamp
 
     @classmethod
     def load(
@@ -146,6 +150,7 @@ class Retriever:
         from semsearch.store.vectors import resolve_index_device
 
         folder = index_path(index)
+        stamp = manifest_stamp(folder)  # before the manifest is read: see __init__
         # A one-shot process searches the index on the CPU unless told otherwise: starting CUDA
         # and copying the index to the GPU costs seconds, a CPU search milliseconds.
         m, vectors, docs = open_index(folder, resolve_index_device("cpu" if fast_start and device == "auto" else device),
@@ -159,7 +164,7 @@ class Retriever:
                 f"the model {m.model!r} now has weights {encoder.fingerprint}, but {folder} was built with "
                 f"{m.model_fingerprint}; rebuild the index with --rebuild"
             )
-        return cls(folder, m, vectors, docs, encoder)
+        return cls(folder, m, vectors, docs, encoder, stamp)
 
     # One generation's manifest, vectors and docstore travel together: a search takes them once
     # and keeps them to its end, so a refresh in another thread never mixes two generations.
@@ -227,6 +232,13 @@ class Retriever:
     def search_batch(self, queries: Sequence[str], k: int = 10, mode: str | None = None, where: Any = None,
                      fusion: str = "convex", alpha: float | None = None, explain: bool = False) -> list[list[Hit]]:
         """search() for many queries at once (one encoder pass)."""
+        return self.search_at(queries, k, mode, where, fusion, alpha, explain)[1]
+
+    def search_at(self, queries: Sequence[str], k: int = 10, mode: str | None = None, where: Any = None,
+                  fusion: str = "convex", alpha: float | None = None,
+                  explain: bool = False) -> tuple[int, list[list[Hit]]]:
+        """(the generation the hits come from, search_batch's hits): a server labels its answers
+        with the generation it searched, not one read before a refresh."""
         if isinstance(queries, str):
             raise InputError("search_batch takes a list of queries; use search() for one")
         for i, q in enumerate(queries):
@@ -238,7 +250,10 @@ class Retriever:
             raise InputError(f"k must be a positive integer, got {k!r}")
         if self.auto_refresh and manifest_stamp(self.folder) != self._stamp:
             self.refresh()
-        g = self._gen
+        g = self._gen  # one generation from here to the end, whatever another thread refreshes
+        return g.manifest.generation, self._search(g, queries, k, mode, where, fusion, alpha, explain)
+
+    def _search(self, g: "_Generation", queries, k, mode, where, fusion, alpha, explain) -> list[list[Hit]]:
         mode = fusion_.check_mode(mode or g.default_mode(self.folder))
         fusion_.check_fusion(fusion)
         if not queries:

@@ -29,6 +29,7 @@ stat of manifest.json on each request.
 # their annotations at run time.
 import base64
 import hashlib
+import json
 import logging
 import re
 from pathlib import Path
@@ -40,7 +41,7 @@ from semsearch.errors import DocumentNotFound, IndexLocked, InputError, Semsearc
 from semsearch.exposure import (BodyLimit, Guard, HostPolicy, Scrubber, check_api_key, check_exposure, is_loopback,  # noqa: F401
                                 read_key_file, render_json, safe_text, shown_path)
 from semsearch.exposure import _orjson  # noqa: F401  (tests check that the serve extra brings orjson)
-from semsearch.limits import MAX_DEPTH, too_deep, unencodable
+from semsearch.limits import MAX_DEPTH, MAX_WHERE_CONDITIONS, body_problem, json_body_problem, too_deep, unencodable
 from semsearch.service import (MODES, LimitExceeded, Limits, Operations, ReadOnly, SerialEncoder, Service,  # noqa: F401
                                public_model)
 
@@ -99,6 +100,11 @@ class Body(Strict):
 
 
 class SearchRequest(Body):
+    @staticmethod
+    def bounds(limits: Limits):
+        return (("queries", limits.max_texts, "{n} queries in one request; the most is {most} (--max-texts)"),
+                ("where", MAX_WHERE_CONDITIONS, "{n} fields or conditions in one filter (where); the most is {most}"))
+
     query: StrictStr | None = None
     queries: list[StrictStr] | None = None
     k: StrictInt = Field(10, ge=1, description="hits per query, at most the server's --max-k")
@@ -108,6 +114,10 @@ class SearchRequest(Body):
 
 
 class OpenAIEmbeddingRequest(Body):
+    @staticmethod
+    def bounds(limits: Limits):
+        return (("input", limits.max_texts, "{n} inputs in one request; the most is {most} (--max-texts)"),)
+
     input: Union[StrictStr, list[StrictStr]]
     model: StrictStr | None = None
     encoding_format: StrictStr = "float"
@@ -117,6 +127,10 @@ class OpenAIEmbeddingRequest(Body):
 
 
 class TEIEmbedRequest(Body):
+    @staticmethod
+    def bounds(limits: Limits):
+        return (("inputs", limits.max_texts, "{n} inputs in one request; the most is {most} (--max-texts)"),)
+
     inputs: Union[StrictStr, list[StrictStr]]
     normalize: StrictBool = True
     truncate: StrictBool = False
@@ -132,7 +146,97 @@ class DocumentIn(Strict):
 
 
 class UpsertRequest(Body):
+    @staticmethod
+    def bounds(limits: Limits):
+        return (("documents", limits.max_documents, "{n} documents in one request; the most is {most}"),)
+
     documents: list[DocumentIn]
+
+
+JSON_TYPES = ("application/json",)
+LARGE_BODY = 256 * 2**10  # bytes: a body this large is read first by another process (_prechecked)
+
+
+def _is_json(content_type: str) -> bool:
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media in JSON_TYPES or (media.startswith("application/") and media.endswith("+json"))
+
+
+async def parse_body(request: Request, model: type[Body], limits: Limits) -> Body:
+    """A request body as `model`, never parsed on the event loop: a body of a million items must
+    not stall /health or other requests (FastAPI parses and validates a declared body model on
+    the loop). Counts (documents, queries, inputs, filter conditions), unknown fields and the
+    number of JSON values are refused before any per-item work (limits.body_problem). A large
+    body is parsed and counted first in another process: parsing is one call into C that holds
+    the interpreter's lock throughout (~0.1 s for a million values), so in a thread of this
+    process it would still stall the loop; what passes holds at most `max_body_values` values,
+    and is parsed and validated again here on a worker thread, in milliseconds."""
+    if not _is_json(request.headers.get("content-type", "")):
+        raise StarletteHTTPException(415, "send the body as JSON with the header `Content-Type: application/json` "
+                                          f"(got {request.headers.get('content-type') or 'none'!r})")
+    raw = await request.body()  # within --max-request-bytes (BodyLimit)
+    if len(raw) >= LARGE_BODY:
+        _raise_problem(await _prechecked(raw, model, limits))
+    return await run_in_threadpool(_validated, raw, model, limits)
+
+
+def _problem_args(model: type[Body], limits: Limits) -> tuple:
+    return tuple(model.model_fields), model.bounds(limits), limits.max_body_values
+
+
+def _raise_problem(problem: tuple[str, str] | None) -> None:
+    if problem is None:
+        return
+    kind, message = problem
+    if kind == "json_invalid":
+        raise RequestValidationError([{"type": "json_invalid", "loc": ("body", 0), "msg": "JSON decode error",
+                                       "ctx": {"error": message}}])
+    raise LimitExceeded(message) if kind == "limit" else InputError(message)
+
+
+async def _prechecked(raw: bytes, model: type[Body], limits: Limits) -> tuple[str, str] | None:
+    """limits.json_body_problem of a large body, in a new Python process (about 50 ms to start,
+    for bodies of 256 KiB or more). A plain subprocess, not multiprocessing: its spawn and
+    forkserver starts import the server's main module again in the child. Where the process
+    cannot run, on a worker thread."""
+    import asyncio
+    import os
+    import sys
+
+    known, bounds, most = _problem_args(model, limits)
+    here = str(Path(__file__).resolve().parent.parent)  # semsearch importable as in this process
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)}
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", "import sys; from semsearch.limits import precheck_main; precheck_main(sys.argv[1])",
+            json.dumps([known, bounds, most]), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE, env=env)
+        out, err = await proc.communicate(raw)
+        if proc.returncode == 0:
+            found = json.loads(out)
+            return tuple(found) if found else None
+        log.warning("the process reading a large body failed (%s); read on a thread", err.decode(errors="replace")[-300:])
+    except (OSError, ValueError) as e:
+        log.warning("no process to read a large body (%s); read on a thread", e)
+    return await run_in_threadpool(json_body_problem, raw, known, bounds, most)
+
+
+def _validated(raw: bytes, model: type[Body], limits: Limits) -> Body:
+    from pydantic import ValidationError
+
+    if not raw.strip():
+        raise RequestValidationError([{"type": "missing", "loc": ("body",), "msg": "Field required"}])
+    try:
+        # The standard library's parser, as FastAPI's: orjson refuses what JSON allows and the
+        # checks after it name (a lone surrogate escape, an integer past 64 bits).
+        data = json.loads(raw)
+    except ValueError as e:
+        _raise_problem(("json_invalid", str(e).split(":")[0]))
+    _raise_problem(body_problem(data, *_problem_args(model, limits)))
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise RequestValidationError(e.errors(include_url=False)) from None
 
 
 # ---- errors --------------------------------------------------------------------------------------
@@ -184,6 +288,14 @@ async def _internal(request: Request, exc: Exception):
 
 # ---- routes --------------------------------------------------------------------------------------
 router = APIRouter()
+BODY_MODELS = (SearchRequest, OpenAIEmbeddingRequest, TEIEmbedRequest, UpsertRequest)
+
+
+def _body_schema(model: type[Body]) -> dict[str, Any]:
+    """The OpenAPI request body of a route that parses `model` itself (parse_body); the model's
+    schema is added to the components by _openapi."""
+    return {"requestBody": {"required": True, "content": {"application/json": {
+        "schema": {"$ref": f"#/components/schemas/{model.__name__}"}}}}}
 
 
 def _ops(request: Request) -> Operations:
@@ -228,8 +340,9 @@ async def models(ops: Operations = Depends(_ops)):
     return {"object": "list", "data": [{"id": public_model(m), "object": "model", "created": created, "owned_by": "semsearch"}]}
 
 
-@router.post("/search")
-async def search_post(req: SearchRequest, ops: Operations = Depends(_ops)):
+@router.post("/search", openapi_extra=_body_schema(SearchRequest))
+async def search_post(request: Request, ops: Operations = Depends(_ops)):
+    req = await parse_body(request, SearchRequest, ops.limits)
     if (req.query is None) == (req.queries is None):
         raise InputError("give exactly one of `query` (a string) or `queries` (a list of strings)")
     queries = [req.query] if req.query is not None else req.queries
@@ -252,8 +365,9 @@ async def page(request: Request):
     return Response(body, media_type="text/html; charset=utf-8", headers=headers)
 
 
-@router.post("/v1/embeddings")
-async def openai_embeddings(req: OpenAIEmbeddingRequest, ops: Operations = Depends(_ops)):
+@router.post("/v1/embeddings", openapi_extra=_body_schema(OpenAIEmbeddingRequest))
+async def openai_embeddings(request: Request, ops: Operations = Depends(_ops)):
+    req = await parse_body(request, OpenAIEmbeddingRequest, ops.limits)
     texts = [req.input] if isinstance(req.input, str) else req.input
     ops.check_texts(texts, "input", "inputs")
     m = (await _current(ops)).manifest
@@ -278,8 +392,9 @@ async def openai_embeddings(req: OpenAIEmbeddingRequest, ops: Operations = Depen
     return await run_in_threadpool(work)
 
 
-@router.post("/embed")
-async def tei_embed(req: TEIEmbedRequest, ops: Operations = Depends(_ops)):
+@router.post("/embed", openapi_extra=_body_schema(TEIEmbedRequest))
+async def tei_embed(request: Request, ops: Operations = Depends(_ops)):
+    req = await parse_body(request, TEIEmbedRequest, ops.limits)
     texts = [req.inputs] if isinstance(req.inputs, str) else req.inputs
     ops.check_texts(texts, "input", "inputs")
     if not req.normalize:
@@ -302,8 +417,9 @@ async def tei_embed(req: TEIEmbedRequest, ops: Operations = Depends(_ops)):
     return await run_in_threadpool(work)
 
 
-@router.post("/documents")
-async def upsert(req: UpsertRequest, ops: Operations = Depends(_ops)):
+@router.post("/documents", openapi_extra=_body_schema(UpsertRequest))
+async def upsert(request: Request, ops: Operations = Depends(_ops)):
+    req = await parse_body(request, UpsertRequest, ops.limits)
     docs = [d.model_dump() for d in req.documents]
     return await run_in_threadpool(ops.upsert, docs)
 
@@ -341,23 +457,30 @@ def create_app(service: Service, limits: Limits | None = None, read_only: bool =
     open_paths = UNAUTHENTICATED_PATHS + PAGE_PATHS + (DOCS_PATHS if docs else ())
     app.add_middleware(Guard, key=key, hosts=HostPolicy(host, allowed_hosts), open_paths=open_paths,
                        per_client=ops.limits.max_inflight_per_client)
-    if docs and key is not None:
-        _document_bearer_auth(app)
+    _openapi(app, bearer=docs and key is not None)
     return app
 
 
-def _document_bearer_auth(app) -> None:
-    """/openapi.json names the bearer scheme, so /docs offers an Authorize button."""
+def _openapi(app, bearer: bool) -> None:
+    """/openapi.json: FastAPI's schema, with the request bodies the routes parse themselves
+    (BODY_MODELS) as components, and (`bearer`) the bearer scheme named, so /docs offers an
+    Authorize button."""
     from fastapi.openapi.utils import get_openapi
 
     def openapi():
         if app.openapi_schema is None:
             schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
-            schema.setdefault("components", {})["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
-            for path, ops in schema.get("paths", {}).items():
-                if path not in UNAUTHENTICATED_PATHS:
-                    for op in ops.values():
-                        op["security"] = [{"bearer": []}]
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            for model in BODY_MODELS:
+                own = model.model_json_schema(ref_template="#/components/schemas/{model}")
+                components.update(own.pop("$defs", {}))
+                components[model.__name__] = own
+            if bearer:
+                schema["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+                for path, ops in schema.get("paths", {}).items():
+                    if path not in UNAUTHENTICATED_PATHS:
+                        for op in ops.values():
+                            op["security"] = [{"bearer": []}]
             app.openapi_schema = schema
         return app.openapi_schema
 

@@ -27,6 +27,7 @@ from semsearch.errors import DocumentNotFound, IndexFormatError, InputError, Sem
 from semsearch.exposure import Scrubber, render_json, shown_path
 from semsearch.limits import check_depth, unencodable
 from semsearch.store.faiss_info import faiss_build
+from semsearch.store.files import manifest_stamp
 
 log = logging.getLogger("semsearch.serve")
 
@@ -54,6 +55,7 @@ class Limits:
     max_response_bytes: int = 64 * 2**20  # one rendered response
     max_inflight_per_client: int = 0  # requests one client address may have running at once (0: no limit)
     max_explained: int = 100  # hits explained in one search (explain=true; each may encode its chunk again)
+    max_body_values: int = 100_000  # JSON values in one HTTP request body (counted before it is validated)
 
 
 class _Pending:
@@ -153,17 +155,18 @@ class Service:
         self.shown = shown_path(self.folder)  # what clients see of it
         self.scrub = Scrubber(self.folder)
         self.device = device
+        stamp = manifest_stamp(self.folder)  # before the load: a generation published during it is newer
         r = Retriever.load(self.folder, device=device, encoder=encoder)
         self.encoder = r.encoder = SerialEncoder(r.encoder)
         self._current = r
-        self._stamp = self._manifest_stamp()
+        self._stamp = stamp
         self._reload_lock = threading.Lock()
         params = inspect.signature(Retriever.search_batch).parameters
         self.supports = {name: name in params for name in ("mode", "where")}
 
     def _manifest_stamp(self):
-        st = os.stat(self.folder / "manifest.json")
-        return st.st_ino, st.st_mtime_ns, st.st_size
+        st = os.stat(self.folder / "manifest.json")  # OSError where the index is gone
+        return st.st_ino, st.st_size, st.st_mtime_ns  # as store.files.manifest_stamp
 
     def retriever(self):
         """The Retriever of the newest published generation (a stat when nothing changed)."""
@@ -201,12 +204,12 @@ class Service:
 
     # ---- operations (blocking; the app runs them on worker threads) -----------------------
     def search(self, queries: list[str], k: int, mode: str | None, where: dict | None, explain: bool = False):
-        from semsearch.integrations.common import search, search_kwargs
+        from semsearch.integrations.common import search_kwargs
 
         r = self.retriever()
-        if explain:
-            return r.manifest.generation, r.search_batch(queries, k, explain=True, **search_kwargs(r, mode, where))
-        return r.manifest.generation, search(r, queries, k, mode, where)
+        # The generation the hits came from: the Retriever may open a newer one than the one
+        # this call found (it refreshes on its own), so the label is read from the search itself.
+        return r.search_at(queries, k, explain=explain, **search_kwargs(r, mode, where))
 
     def embed(self, texts: list[str], input_type: str = "document") -> np.ndarray:
         """Vectors of texts as documents, or as queries ("query": through the index's trained
@@ -513,12 +516,13 @@ class ShardedService(Service):
         self.scrub = Scrubber(self.folder)
         self.device = device
         self.fanout = fanout
+        stamp = manifest_stamp(self.folder)  # before the manifest is read, as in Service
         m = Manifest.load(self.folder)
         self.encoder = SerialEncoder(encoder if encoder is not None else _query_encoder(self.folder, m, None, device, False))
         self.router = ShardedSearch(self.folder, fanout, self.encoder)
         self._reload_lock = threading.Lock()
         self._current = _ShardedView(m, fanout)
-        self._stamp = self._manifest_stamp()
+        self._stamp = stamp
         self.supports = {"mode": True, "where": True}
 
     def _reload(self, stamp) -> None:

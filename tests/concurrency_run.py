@@ -292,6 +292,12 @@ def haystack_surface(folder):
     return run, arun
 
 
+def wrote(counts: dict) -> None:
+    """Count one write; the first releases the readers (they start once the writer has written)."""
+    counts["writes"] += 1
+    counts["first"].set()
+
+
 def writer(folder, stop: threading.Event, checker: Checker, counts: dict) -> None:
     from semsearch.documents import Document, delete_documents, upsert_documents
     from semsearch.encoder import Encoder
@@ -304,7 +310,7 @@ def writer(folder, stop: threading.Event, checker: Checker, counts: dict) -> Non
                 except Exception as e:  # noqa: BLE001 - reported
                     checker.error("writer", None, e)
                     return
-                counts["writes"] += 1
+                wrote(counts)
         return
     if HTTP_URL:
         import httpx
@@ -316,7 +322,7 @@ def writer(folder, stop: threading.Event, checker: Checker, counts: dict) -> Non
                     if resp.status_code != 200:
                         checker.error("writer", None, RuntimeError(f"HTTP {resp.status_code}: {resp.text[:300]}"))
                         return
-                    counts["writes"] += 1
+                    wrote(counts)
         return
     from semsearch.store.folder import compact
 
@@ -325,15 +331,15 @@ def writer(folder, stop: threading.Event, checker: Checker, counts: dict) -> Non
     while not stop.is_set():
         try:
             upsert_documents(folder, [Document(EXTRA_ID, EXTRA_TEXT, {"year": 2015, "lang": "de"})], enc)
-            counts["writes"] += 1
+            wrote(counts)
             if rounds % 3 == 1:  # merges under readers too: the segments change, the live chunks do not
                 compact(folder)
-                counts["writes"] += 1
+                wrote(counts)
             delete_documents(folder, [EXTRA_ID])
-            counts["writes"] += 1
+            wrote(counts)
             if rounds % 3 == 2:
                 compact(folder)
-                counts["writes"] += 1
+                wrote(counts)
             rounds += 1
         except Exception as e:  # noqa: BLE001 - reported
             checker.error("writer", None, e)
@@ -404,9 +410,13 @@ def main() -> None:
 
     watch_ast(checker)
     stop = threading.Event()
-    counts = {"writes": 0}
+    counts = {"writes": 0, "first": threading.Event()}
     w = threading.Thread(target=writer, args=(folder, stop, checker, counts), daemon=True)
     w.start()
+    # A barrier, not a race: the readers start once the writer has published its first write, so
+    # every run searches while writes go on however busy the CPU (it keeps writing until they end).
+    while not counts["first"].wait(0.2) and w.is_alive():  # (a writer that failed has said why)
+        pass
 
     def thread_work(s, run, offset):
         cs = calls()
