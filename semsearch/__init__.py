@@ -11,7 +11,7 @@ One function per command of the CLI (semsearch/api.py), beside Retriever.
 from __future__ import annotations
 
 __version__ = "0.1.0"
-__all__ = ["Encoder", "Hit", "Retriever", "__version__", "evaluate", "index", "train"]
+__all__ = ["Encoder", "Hit", "NotImproved", "Retriever", "__version__", "evaluate", "index", "train", "watch"]
 
 
 def __getattr__(name: str):
@@ -20,10 +20,14 @@ def __getattr__(name: str):
         from semsearch import search
 
         return getattr(search, name)
-    if name in ("index", "evaluate", "train"):
+    if name in ("index", "evaluate", "train", "NotImproved"):
         from semsearch import api
 
         return getattr(api, name)
+    if name == "watch":  # the module (semsearch.watch.Watcher), as `import semsearch.watch` gives it
+        import importlib
+
+        return importlib.import_module("semsearch.watch")
     if name == "Encoder":
         from semsearch.encoder.encoder import Encoder
 
