@@ -1,6 +1,6 @@
 """Fine-tuning the top layers of the *query* encoder against the documents' fixed vectors.
 
-Why the query side only (measured on SciFact, `scripts/train_options.py`; README "Training on
+Why the query side only (measured on SciFact, docs/training.md, "What else was tried"; README "Training on
 documents it never saw"): a pooling head trained on both sides memorised its training documents
 (test 64.6 -> 75.3 overall, but 67.3 -> 63.8 on queries whose documents it never trained on).
 Keeping every document vector as the base model makes it and training the top layers of the
