@@ -261,7 +261,7 @@ def delete_documents(folder: str | Path, ids: Iterable[str], missing_ok: bool = 
         stored = writer.docs.find_files([doc_path(i) for i in ids])
         missing = [i for i in ids if doc_path(i) not in stored]
         if missing and not missing_ok:
-            raise DocumentNotFound(f"no document with id {missing[0]!r} in {folder}")
+            raise DocumentNotFound(f"no document with id {missing[0]!r} in {folder}").quoting(repr(missing[0]))
         for i in dict.fromkeys(i for i in ids if doc_path(i) in stored):
             writer.vectors.remove(writer.docs.remove_file(stored[doc_path(i)].id))
             report.deleted += 1

@@ -3,7 +3,17 @@ from __future__ import annotations
 
 
 class SemsearchError(Exception):
-    """Base class of every error semsearch raises on purpose."""
+    """Base class of every error semsearch raises on purpose.
+
+    `given`: the caller's own text as the message quotes it (an id, a path it sent), which a
+    server's message scrubber leaves as it is: an id that looks like a path is echoed, not
+    rewritten into another id the caller would then retry with."""
+
+    given: tuple[str, ...] = ()
+
+    def quoting(self, *given: str) -> "SemsearchError":
+        self.given = tuple(given)
+        return self
 
 
 class InputError(SemsearchError, ValueError):

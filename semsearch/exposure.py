@@ -119,6 +119,14 @@ class HostPolicy:
                 return False
         return False
 
+    def allows_origin(self, origin: str) -> bool:
+        """An Origin header (`scheme://host[:port]`) whose host this server answers to; "null"
+        (a sandboxed or local page) and anything that is not http(s) are refused."""
+        scheme, sep, rest = origin.strip().partition("://")
+        if not sep or scheme.lower() not in ("http", "https") or "/" in rest:
+            return False
+        return self.allows(rest)
+
 
 # ---- what error messages may show --------------------------------------------------------------
 _ABS_PATH = re.compile(r"(?<![\w/.:~-])/(?:[\w.@+~%-]+/)*[\w.@+~%-]+/?")
@@ -146,7 +154,12 @@ class Scrubber:
             forms = {str(Path(folder)), os.path.abspath(folder), str(Path(folder).resolve())}
             self.known = sorted(((f, shown) for f in forms if os.path.isabs(f)), key=lambda x: -len(x[0]))
 
-    def __call__(self, message: str) -> str:
+    def __call__(self, message: str, keep: tuple[str, ...] = ()) -> str:
+        """The message scrubbed, except the texts in `keep` (the caller's own, quoted back)."""
+        keep = tuple(k for k in keep if k)
+        if keep:
+            pattern = "(" + "|".join(re.escape(k) for k in sorted(keep, key=len, reverse=True)) + ")"
+            return "".join(part if i % 2 else self(part) for i, part in enumerate(re.split(pattern, message)))
         for form, shown in self.known:
             message = message.replace(form, shown)
         return _ABS_PATH.sub(self._one, message)
@@ -203,24 +216,36 @@ class Guard:
     the API's JSON errors, and takes the host as everything before the first ':' (so bracketed
     IPv6 literals such as [::1]:8000 never match)."""
 
-    def __init__(self, app, key: str | None, hosts: HostPolicy, open_paths: tuple[str, ...], per_client: int = 0):
+    def __init__(self, app, key: str | None, hosts: HostPolicy, open_paths: tuple[str, ...], per_client: int = 0,
+                 check_origin: bool = False):
         self.app = app
         self.key_digest = hashlib.sha256(key.encode()).digest() if key is not None else None
         self.hosts = hosts
         self.open_paths = set(open_paths)
         self.per_client = per_client
+        self.check_origin = check_origin  # an Origin header, where sent, must name a host of the allow-list
         self.inflight: dict[str, int] = {}
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        headers = dict(scope.get("headers") or [])
+        raw = scope.get("headers") or []
+        for name in (b"host", b"authorization"):  # RFC 9112 3.2: more than one Host is a 400; so for the key
+            if sum(k == name for k, _ in raw) > 1:
+                return await self._reply(send, *json_reply(
+                    400, f"more than one {name.decode().title()} header: send it once", "invalid_request_error"))
+        headers = dict(raw)
         host = headers.get(b"host")
         if not self.hosts.allows(host.decode("latin-1") if host is not None else None):
             shown = host.decode("latin-1")[:100] if host is not None else None
             return await self._reply(send, *json_reply(
                 400, f"Host header {shown!r} is not one this server answers to (--allowed-host)" if shown is not None
                 else "a Host header is required", "invalid_host"))
+        origin = headers.get(b"origin")
+        if self.check_origin and origin is not None and not self.hosts.allows_origin(origin.decode("latin-1")):
+            return await self._reply(send, *json_reply(
+                403, f"Origin {origin.decode('latin-1')[:100]!r} is not one this server answers to (--allowed-host)",
+                "invalid_origin"))
         if self.key_digest is not None and scope.get("path") not in self.open_paths:
             given = headers.get(b"authorization")
             scheme, _, token = (given or b"").partition(b" ")

@@ -18,6 +18,15 @@ MAX_WHERE_VALUES = 1024  # values in one "any of" list
 MAX_WHERE_TEXT = 4096  # characters in one field name, value or glob
 
 
+def blank(text: str) -> bool:
+    """Whether a text holds nothing to search for: only whitespace, control and format characters
+    ("\u0000\u0001", "\u200b"), or nothing. Such a query is refused as empty: encoded, it would
+    still be a vector, and rank chunks by nothing the user asked."""
+    import unicodedata
+
+    return all(unicodedata.category(c)[0] in "CZ" for c in text)
+
+
 def too_deep(value: Any, limit: int = MAX_DEPTH) -> str | None:
     """The path (like `a.b.0.c`) of the first place in `value` (dicts and lists, as JSON gives
     them) nested deeper than `limit` levels, or None. A scalar is level 0, `{}` and `[]` level 1."""

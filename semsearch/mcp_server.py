@@ -95,7 +95,7 @@ def create_server(ops: Operations, allow_writes: bool = False):
         try:
             return await anyio.to_thread.run_sync(work)
         except SemsearchError as e:
-            raise ToolError(safe_text(ops.service.scrub(f"{type(e).__name__}: {e}"))) from None
+            raise ToolError(safe_text(ops.service.scrub(f"{type(e).__name__}: {e}", e.given))) from None
         except Exception as e:
             log.exception("internal error in an MCP tool")
             raise ToolError(f"internal error ({type(e).__name__}); see the server log") from None
@@ -105,7 +105,7 @@ def create_server(ops: Operations, allow_writes: bool = False):
     @server.tool(name="search", title="Search the index", annotations=read)
     async def search(
         query: Annotated[str, Field(description="What to look for: a question or keywords, in natural language.")],
-        k: Annotated[int, Field(strict=True, ge=1, le=max_k, description="How many hits to return, best first.")] = 10,
+        k: Annotated[int, Field(strict=True, ge=1, le=max_k, description="How many hits to return, best first.")] = ops.default_k,
         mode: Annotated[Literal["dense", "lexical", "hybrid"] | None, Field(
             description="hybrid (the default where the index has BM25): meaning and words together; dense: by "
                         "meaning; lexical: by words (BM25), best for exact names, codes and rare terms.")] = None,
@@ -166,15 +166,17 @@ def http_app(server, ops: Operations, *, api_key: str | None = None, host: str =
              allowed_hosts: Iterable[str] = ()):
     """The streamable-HTTP ASGI application of `server` at /mcp, behind semsearch.exposure's
     guards: the Host allow-list, the API key, requests in flight per client, the body limit.
-    The SDK's own DNS-rebinding check is off: the Guard's is the same check as `serve`'s."""
+    The SDK's own DNS-rebinding check is off: the Guard's is the same check as `serve`'s, on the
+    Host header and on the Origin header where one is sent."""
     from mcp.server.transport_security import TransportSecuritySettings
 
     app = server.streamable_http_app(streamable_http_path=MCP_PATH, host=host,
                                      max_request_body_size=ops.limits.max_request_bytes,
                                      transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False))
     key = check_api_key(api_key) if api_key is not None else None
+    # Origin checked too, as the MCP specification asks of streamable HTTP servers (DNS rebinding)
     return Guard(BodyLimit(app, ops.limits.max_request_bytes), key=key, hosts=HostPolicy(host, allowed_hosts),
-                 open_paths=(), per_client=ops.limits.max_inflight_per_client)
+                 open_paths=(), per_client=ops.limits.max_inflight_per_client, check_origin=True)
 
 
 def parse_http(address: str) -> tuple[str, int]:

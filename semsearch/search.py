@@ -13,6 +13,7 @@ import numpy as np
 
 from semsearch import filters, fusion as fusion_
 from semsearch.errors import InputError, SettingsMismatch
+from semsearch.limits import blank
 from semsearch.querycheck import warn_truncated
 from semsearch.store.folder import index_path, open_index
 from semsearch.store.files import manifest_stamp
@@ -244,7 +245,7 @@ class Retriever:
         for i, q in enumerate(queries):
             if not isinstance(q, str):
                 raise InputError(f"query {i + 1} must be a string, got {type(q).__name__}")
-            if not q.strip():
+            if blank(q):  # nothing but spaces or control characters
                 raise InputError(f"query {i + 1} is empty" if len(queries) > 1 else "the query is empty")
         if not isinstance(k, int) or k < 1:
             raise InputError(f"k must be a positive integer, got {k!r}")

@@ -107,7 +107,7 @@ class SearchRequest(Body):
 
     query: StrictStr | None = None
     queries: list[StrictStr] | None = None
-    k: StrictInt = Field(10, ge=1, description="hits per query, at most the server's --max-k")
+    k: StrictInt | None = Field(None, ge=1, description="hits per query: 10 by default (or --max-k where lower), at most the server's --max-k")
     mode: StrictStr | None = None
     where: dict[str, Any] | list[StrictStr] | StrictStr | None = None
     explain: StrictBool = False
@@ -240,9 +240,10 @@ def _validated(raw: bytes, model: type[Body], limits: Limits) -> Body:
 
 
 # ---- errors --------------------------------------------------------------------------------------
-def _error(request: Request, status: int, message: str, kind: str = "invalid_request_error", **extra) -> Response:
+def _error(request: Request, status: int, message: str, kind: str = "invalid_request_error", given: tuple = (),
+           **extra) -> Response:
     scrub = request.app.state.ops.service.scrub
-    body = {"error": {"message": safe_text(scrub(message)), "type": kind, "code": status, **extra}}
+    body = {"error": {"message": safe_text(scrub(message, given)), "type": kind, "code": status, **extra}}
     return Response(render_json(body), status_code=status, media_type="application/json")
 
 
@@ -278,7 +279,7 @@ def status_of(exc: SemsearchError) -> tuple[int, str]:
 
 async def _semsearch(request: Request, exc: SemsearchError):
     status, kind = status_of(exc)
-    return _error(request, status, str(exc), kind)
+    return _error(request, status, str(exc), kind, exc.given)
 
 
 async def _internal(request: Request, exc: Exception):
@@ -350,7 +351,7 @@ async def search_post(request: Request, ops: Operations = Depends(_ops)):
 
 
 @router.get("/search")
-async def search_get(request: Request, q: StrictStr, k: int = Query(10, ge=1), mode: str | None = None,
+async def search_get(request: Request, q: StrictStr, k: int | None = Query(None, ge=1), mode: str | None = None,
                      where: list[str] = Query([], description="repeatable, all must hold: key=value, key!=value, key>=n, key>n, key<=n, key<n, path:GLOB"),
                      explain: bool = False, ops: Operations = Depends(_ops)):
     unknown = sorted(set(request.query_params) - {"q", "k", "mode", "where", "explain"})

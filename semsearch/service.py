@@ -25,13 +25,14 @@ import numpy as np
 
 from semsearch.errors import DocumentNotFound, IndexFormatError, InputError, SemsearchError
 from semsearch.exposure import Scrubber, render_json, shown_path
-from semsearch.limits import check_depth, unencodable
+from semsearch.limits import blank, check_depth, unencodable
 from semsearch.store.faiss_info import faiss_build
 from semsearch.store.files import manifest_stamp
 
 log = logging.getLogger("semsearch.serve")
 
 MODES = ("dense", "lexical", "hybrid")
+DEFAULT_K = 10  # hits a search gives where it asks for no number (at most the server's --max-k)
 
 
 class LimitExceeded(InputError):
@@ -293,7 +294,7 @@ class Operations:
         for i, t in enumerate(texts):
             if not isinstance(t, str):
                 raise InputError(f"{what} {i + 1} must be a string, not {type(t).__name__}")
-            if not t.strip():
+            if blank(t):  # nothing but spaces or control characters
                 raise InputError(f"{what} {i + 1} is empty" if len(texts) > 1 else f"the {what} is empty")
             if len(t) > limits.max_text_chars:
                 raise LimitExceeded(f"{what} {i + 1} has {len(t)} characters; the most is {limits.max_text_chars}")
@@ -308,7 +309,14 @@ class Operations:
             raise InputError(f"{what}{where if where.startswith('[') else ''}: not valid Unicode text ({ascii(text[at])} "
                              f"at character {at + 1} is a lone surrogate, which UTF-8 cannot encode)")
 
+    @property
+    def default_k(self) -> int:
+        """k where a search gives none: 10, or --max-k where that is lower."""
+        return min(DEFAULT_K, self.limits.max_k)
+
     def check_k(self, k: Any) -> int:
+        if k is None:
+            return self.default_k
         if isinstance(k, bool) or not isinstance(k, int):
             raise InputError(f"k must be an integer, not {k!r}")
         if k < 1:
@@ -317,8 +325,8 @@ class Operations:
             raise LimitExceeded(f"k={k}: k must be less than or equal to {self.limits.max_k} (the server's --max-k)")
         return k
 
-    def check_search(self, queries: list[str], k: Any, mode: str | None, where: Any, explain: bool) -> None:
-        """Everything a search is refused for, before it runs."""
+    def check_search(self, queries: list[str], k: Any, mode: str | None, where: Any, explain: bool) -> int:
+        """Everything a search is refused for, before it runs; gives back k (the default for None)."""
         limits = self.limits
         self.check_texts(queries, "query", "queries")
         k = self.check_k(k)
@@ -333,6 +341,7 @@ class Operations:
         if explain and len(queries) * k > limits.max_explained:
             raise LimitExceeded(f"explain=true for {len(queries)} queries x k={k} = {len(queries) * k:,} results; the most "
                                 f"explained in one request is {limits.max_explained:,}: send fewer queries or a smaller k")
+        return k
 
     def rendered(self, payload: Any, render=render_json) -> bytes:
         """The payload's JSON bytes (by `render`), within --max-response-bytes (LimitExceeded past it)."""
@@ -347,11 +356,11 @@ class Operations:
             raise ReadOnly("this server is read-only (started with --read-only)")
 
     # ---- reading -----------------------------------------------------------------------------------
-    def search(self, queries: list[str], k: int = 10, mode: str | None = None, where: Any = None,
+    def search(self, queries: list[str], k: int | None = None, mode: str | None = None, where: Any = None,
                single: bool = False, explain: bool = False) -> dict[str, Any]:
         """Hits as `semsearch query --json` gives them: {query, generation, hits} for one query
         (`single`), else {generation, results: [{query, hits}]}."""
-        self.check_search(queries, k, mode, where, explain)
+        k = self.check_search(queries, k, mode, where, explain)
         gen, results = (self.service.search(queries, k, mode, where, True) if explain
                         else self.service.search(queries, k, mode, where))
         if single:
@@ -359,10 +368,10 @@ class Operations:
         return {"generation": gen, "results": [{"query": q, "hits": [h.to_dict() for h in hits]}
                                                for q, hits in zip(queries, results)]}
 
-    def find(self, query: str, k: int = 10, mode: str | None = None, where: Any = None) -> dict[str, Any]:
+    def find(self, query: str, k: int | None = None, mode: str | None = None, where: Any = None) -> dict[str, Any]:
         """One query's hits in the compact form an assistant reads: id, title, where it comes from
         (file or document id, page, section, line), score and text."""
-        self.check_search([query], k, mode, where, False)
+        k = self.check_search([query], k, mode, where, False)
         gen, results = self.service.search([query], k, mode, where)
         return {"query": query, "generation": gen,
                 "hits": [{"id": str(h.id), "rank": h.rank, "title": _title(h), "score": h.score, **_located(h),
@@ -386,7 +395,7 @@ class Operations:
         row = chunk["row"] if chunk is not None else None  # a table's row is a document of its own
         found = joined_documents(r.docs, [path], row).get(path)
         if found is None:
-            raise DocumentNotFound(f"no chunk or document with id {doc_id!r} in the index")
+            raise DocumentNotFound(f"no chunk or document with id {doc_id!r} in the index").quoting(repr(doc_id))
         text, meta, n = found
         hit = _chunk_hit({"path": path, "metadata": meta, "start": 0, "end": len(text), "text": text, "row": row})
         located = {k: v for k, v in _located(hit).items() if k in ("document", "file", "row", "location")}

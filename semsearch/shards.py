@@ -35,6 +35,7 @@ import numpy as np
 from semsearch import filters
 from semsearch import fusion as fusion_
 from semsearch.errors import InputError, SemsearchError
+from semsearch.limits import blank
 from semsearch.search import EXACT_BELOW, _dense, _Generation, encode_queries, hits_from
 from semsearch.store.lexical import counted
 
@@ -263,7 +264,7 @@ class ShardedSearch:
                   fusion: str = "convex", alpha: float | None = None, explain: bool = False):
         """(the generation searched, search_batch's hits)."""
         queries = list(queries)
-        if not queries or any(not isinstance(q, str) or not q.strip() for q in queries):
+        if not queries or any(not isinstance(q, str) or blank(q) for q in queries):
             raise InputError("every query must be a non-empty string")
         if not isinstance(k, int) or isinstance(k, bool) or k < 1:
             raise InputError(f"k must be a positive integer, got {k!r}")

@@ -1,0 +1,142 @@
+"""What a long-lived server promises its clients, over MCP (the official client, in process and
+over streamable HTTP on loopback) and HTTP: a --max-k below 10 still answers a search without k,
+error messages quote ids as given, a query of control characters is refused like an empty one,
+the MCP HTTP transport checks Origin, and duplicate Host or Authorization headers are a 400
+(FakeEncoder, real FAISS and SQLite)."""
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import pytest
+
+pytest.importorskip("fastapi")
+httpx = pytest.importorskip("httpx")
+
+from semsearch.errors import InputError  # noqa: E402
+from semsearch.indexing import index_corpus  # noqa: E402
+from semsearch.search import Retriever  # noqa: E402
+from semsearch.serve import create_app  # noqa: E402
+from semsearch.service import Limits, Operations, Service  # noqa: E402
+
+from conftest import FakeEncoder, running  # noqa: E402
+
+KEY = "test-key-0123456789abcdefghij"
+
+
+@pytest.fixture
+def folder(tmp_path, small_corpus):
+    out = tmp_path / "idx"
+    index_corpus(small_corpus, out, FakeEncoder(), progress=False)
+    return out
+
+
+def ops_of(folder, **limits) -> Operations:
+    return Operations(Service(folder, device="cpu", encoder=FakeEncoder()), Limits(**limits))
+
+
+def test_a_max_k_below_10_still_answers_searches_that_give_no_k(folder):
+    pytest.importorskip("mcp.server.mcpserver")
+    from mcp import Client
+
+    from semsearch.mcp_server import create_server
+
+    ops = ops_of(folder, max_k=2)
+
+    async def main():
+        async with Client(create_server(ops)) as c:
+            tools = {t.name: t for t in (await c.list_tools()).tools}
+            k = tools["search"].input_schema["properties"]["k"]
+            assert k["default"] <= k["maximum"] == 2  # the schema's default lies within its own maximum
+            r = await c.call_tool("search", {"query": "loan credit"})
+            assert not r.is_error, r.content[0].text
+            assert 1 <= len(r.structured_content["hits"]) <= 2
+
+    asyncio.run(main())
+    with running(create_app(ops.service, ops.limits)) as url:
+        with httpx.Client(base_url=url, timeout=60) as c:
+            for r in (c.get("/search", params={"q": "loan credit"}), c.post("/search", json={"query": "loan credit"})):
+                assert r.status_code == 200, r.text
+                assert 1 <= len(r.json()["hits"]) <= 2
+            assert c.get("/search", params={"q": "loan", "k": 3}).status_code == 422  # an explicit k over it: refused
+
+
+def test_errors_quote_the_callers_id_as_given(folder):
+    pytest.importorskip("mcp.server.mcpserver")
+    from mcp import Client
+
+    from semsearch.mcp_server import create_server
+
+    ops = ops_of(folder)
+    ops.read_only = False
+
+    async def main():
+        async with Client(create_server(ops, allow_writes=True)) as c:
+            for doc_id in ("/etc/passwd", "/usr/lib/x", "notes/../../etc/shadow"):
+                r = await c.call_tool("fetch", {"id": doc_id})
+                assert r.is_error and repr(doc_id) in r.content[0].text, r.content[0].text
+            r = await c.call_tool("delete_document", {"id": "/etc/passwd"})
+            assert r.is_error and "'/etc/passwd'" in r.content[0].text, r.content[0].text
+
+    asyncio.run(main())
+    with running(create_app(ops.service, ops.limits)) as url:
+        r = httpx.delete(url + "/documents//etc/passwd", timeout=60)
+        assert r.status_code == 404 and "'/etc/passwd'" in r.json()["error"]["message"], r.text
+        assert str(folder) not in r.text  # the index's own path is still not shown
+
+
+@pytest.mark.parametrize("query", ["\u0000\u0001\u0002", "\u200b\u200b", " \t\n\u0007 "])
+def test_a_query_of_control_characters_is_refused_as_empty(folder, query):
+    r = Retriever.load(folder, encoder=FakeEncoder())
+    with pytest.raises(InputError, match="empty"):
+        r.search(query)
+    with pytest.raises(InputError, match="query 2 is empty"):
+        r.search_batch(["loan", query])
+    with running(create_app(Service(folder, device="cpu", encoder=FakeEncoder()))) as url:
+        resp = httpx.post(url + "/search", json={"query": query}, timeout=60)
+        assert resp.status_code == 422 and "empty" in resp.json()["error"]["message"]
+    assert r.search("loan\u0000") is not None  # a visible character among them is a query
+
+
+def _raw_request(url: str, lines: list[str]) -> str:
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=30) as s:
+        s.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    return data.decode("latin-1")
+
+
+def test_duplicate_host_or_authorization_headers_are_a_400(folder):
+    with running(create_app(Service(folder, device="cpu", encoder=FakeEncoder()), api_key=KEY)) as url:
+        ok = _raw_request(url, ["GET /info HTTP/1.1", "Host: 127.0.0.1", f"Authorization: Bearer {KEY}", "Connection: close"])
+        assert ok.startswith("HTTP/1.1 200"), ok[:200]
+        two_hosts = _raw_request(url, ["GET /info HTTP/1.1", "Host: evil.com", "Host: 127.0.0.1",
+                                       f"Authorization: Bearer {KEY}", "Connection: close"])
+        assert two_hosts.startswith("HTTP/1.1 400"), two_hosts[:200]
+        two_keys = _raw_request(url, ["GET /info HTTP/1.1", "Host: 127.0.0.1", "Authorization: Bearer wrong",
+                                      f"Authorization: Bearer {KEY}", "Connection: close"])
+        assert two_keys.startswith("HTTP/1.1 400"), two_keys[:200]
+
+
+def test_the_mcp_http_transport_checks_origin(folder):
+    pytest.importorskip("mcp.server.mcpserver")
+    from semsearch.mcp_server import MCP_PATH, create_server, http_app
+
+    ops = ops_of(folder)
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+            "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
+    headers = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
+    with running(http_app(create_server(ops), ops)) as url:
+        with httpx.Client(base_url=url, timeout=60) as c:
+            bad = c.post(MCP_PATH, json=init, headers={**headers, "origin": "http://evil.example"})
+            assert bad.status_code == 403 and "Origin" in bad.json()["error"]["message"], bad.text
+            assert c.post(MCP_PATH, json=init, headers={**headers, "origin": "null"}).status_code == 403
+            for origin in (None, "http://127.0.0.1:1234", "http://localhost"):
+                h = headers if origin is None else {**headers, "origin": origin}
+                r = c.post(MCP_PATH, json=init, headers=h)
+                assert r.status_code == 200, (origin, r.status_code, r.text[:300])
