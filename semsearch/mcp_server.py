@@ -179,6 +179,99 @@ def http_app(server, ops: Operations, *, api_key: str | None = None, host: str =
                  open_paths=(), per_client=ops.limits.max_inflight_per_client, check_origin=True)
 
 
+def screen_line(line: str) -> tuple[Any, bool]:
+    """(the reply to send at once, or None; whether to pass the line on to the SDK) for one line
+    read over stdio. The SDK's reader drops a line it cannot read without any reply, and a
+    client then waits for its timeout; JSON-RPC asks for an error: -32700 for text that is not
+    JSON (id null), -32600 for JSON that is no JSON-RPC message, and for a string UTF-8 cannot
+    carry (a lone surrogate escape, valid JSON) an error naming the argument: a tool error result
+    for tools/call (as the HTTP transport gives), -32602 for other methods. A notification
+    (no id) that cannot be read gets no reply, as JSON-RPC says."""
+    import json
+
+    import mcp_types as types
+    from pydantic import ValidationError
+
+    from semsearch.limits import unencodable
+
+    if not line.strip():
+        return None, False
+
+    def error(id_, code: int, message: str):
+        return types.JSONRPCError(jsonrpc="2.0", id=id_, error=types.ErrorData(code=code, message=message))
+
+    try:
+        data = json.loads(line.strip())
+    except ValueError as e:
+        return error(None, -32700, f"Parse error: not JSON ({e})"), False
+    request_id = data.get("id") if isinstance(data, dict) else None
+    if isinstance(request_id, bool) or not isinstance(request_id, (int, str)):
+        request_id = None
+    bad = unencodable(data)
+    if bad is not None:
+        where, text, at = bad
+        message = (f"{where[:120]}: not valid Unicode text ({ascii(text[at])} at character {at + 1} is a lone "
+                   "surrogate, which UTF-8 cannot encode)")
+        if request_id is None:
+            return None, False
+        if data.get("method") == "tools/call":
+            return types.JSONRPCResponse(jsonrpc="2.0", id=request_id, result={
+                "content": [{"type": "text", "text": safe_text(message)}], "isError": True}), False
+        return error(request_id, -32602, f"Invalid params: {safe_text(message)}"), False
+    try:
+        types.jsonrpc_message_adapter.validate_json(line, by_name=False)
+    except ValidationError as e:
+        first = e.errors()[0] if e.errors() else {}
+        shown = ".".join(str(x) for x in first.get("loc", ())[-3:]) or "message"
+        return (error(request_id, -32600, f"Invalid Request: not a JSON-RPC 2.0 message ({shown}: {first.get('msg')})")
+                if request_id is not None or not isinstance(data, dict) or "method" not in data else None), False
+    return None, True
+
+
+async def serve_stdio(server, stdin=None, stdout=None) -> None:
+    """`server.run("stdio")`, with each line screened first (screen_line), its replies sent
+    through the SDK's own writer. A work-around of the SDK's stdio transport, which answers
+    nothing to a line it cannot read: it takes the SDK's private pieces (the standard-input
+    claim that points fd 0 at the null device while serving, and the server's low-level half,
+    as MCPServer.run_stdio_async does), falling back to the plain stdin where they moved."""
+    import io
+
+    import anyio
+    from mcp.server.stdio import stdio_server
+    from mcp.shared.message import SessionMessage
+
+    restore = None
+    if stdin is None:
+        try:
+            from mcp.server.stdio import _claim_fd, _open_stdin_diversion, _UnownedTextWrapper
+
+            buffer, restore = _claim_fd(0, sys.stdin, "rb", _open_stdin_diversion)
+            text = _UnownedTextWrapper(buffer, encoding="utf-8", errors="replace")  # never closes the buffer
+        except (ImportError, RuntimeError, OSError):
+            text = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="replace")
+        stdin = anyio.wrap_file(text)
+    ready, writer = anyio.Event(), []
+
+    async def screened():
+        async for line in stdin:
+            reply, forward = screen_line(line)
+            if reply is not None:
+                await ready.wait()
+                await writer[0].send(SessionMessage(reply))
+            if forward:
+                yield line
+
+    lowlevel = server._lowlevel_server
+    try:
+        async with stdio_server(stdin=screened(), stdout=stdout) as (read_stream, write_stream):
+            writer.append(write_stream)
+            ready.set()
+            await lowlevel.run(read_stream, write_stream, lowlevel.create_initialization_options())
+    finally:
+        if restore is not None:
+            restore()
+
+
 def parse_http(address: str) -> tuple[str, int]:
     """(host, port) of --http HOST:PORT (or :PORT, or [::1]:PORT); InputError naming the option otherwise."""
     host, sep, port = address.rpartition(":")
@@ -208,7 +301,9 @@ def run(index=None, *, http: str | None = None, device: str = "auto", limits: Li
         server = create_server(ops, allow_writes)
     try:
         if http is None:
-            server.run("stdio")
+            import anyio
+
+            anyio.run(serve_stdio, server)
         else:
             import uvicorn
 

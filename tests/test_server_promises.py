@@ -6,6 +6,7 @@ the MCP HTTP transport checks Origin, and duplicate Host or Authorization header
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 
 import pytest
@@ -140,3 +141,49 @@ def test_the_mcp_http_transport_checks_origin(folder):
                 h = headers if origin is None else {**headers, "origin": origin}
                 r = c.post(MCP_PATH, json=init, headers=h)
                 assert r.status_code == 200, (origin, r.status_code, r.text[:300])
+
+
+def test_stdio_answers_every_message_it_cannot_read(folder):
+    """Over stdio (the transport's reader fed in process), truncated JSON, a message that is no
+    JSON-RPC, and a lone surrogate anywhere in a call each get an answer; the session goes on."""
+    pytest.importorskip("mcp.server.mcpserver")
+    import anyio
+
+    from semsearch.mcp_server import create_server, serve_stdio
+
+    ops = ops_of(folder)
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+            "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
+    call = {"jsonrpc": "2.0", "method": "tools/call", "params": {"name": "search", "arguments": {"query": "loan credit"}}}
+    lines = [json.dumps(init), json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+             '{"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "search"',  # truncated
+             json.dumps({**call, "id": 3, "params": {"name": "search", "arguments": {"query": "soup\ud800"}}}),
+             json.dumps({**call, "id": 4, "params": {"name": "search", "arguments": {"query": "x", "w\ud800": 1}}}),
+             json.dumps({"jsonrpc": "2.0", "id": 5, "method": "tools/list", "params": {"cursor": "\udfff"}}),
+             json.dumps({"hello": "world", "id": 6}),
+             json.dumps({**call, "id": 7})]
+    out: list[dict] = []
+
+    class Stdout:
+        async def write(self, text):
+            out.extend(json.loads(t) for t in text.splitlines() if t.strip())
+
+        async def flush(self):
+            pass
+
+    async def stdin():
+        for line in lines:
+            yield line + "\n"
+        with anyio.fail_after(60):
+            while len(out) < 7:
+                await anyio.sleep(0.02)
+
+    anyio.run(lambda: serve_stdio(create_server(ops), stdin=stdin(), stdout=Stdout()))
+    by_id = {m.get("id"): m for m in out}
+    assert by_id[None]["error"]["code"] == -32700  # the truncated line: its id cannot be known
+    for i in (3, 4):
+        assert by_id[i]["result"]["isError"] is True and "lone surrogate" in by_id[i]["result"]["content"][0]["text"]
+    assert "arguments.query" in by_id[3]["result"]["content"][0]["text"]
+    assert by_id[5]["error"]["code"] == -32602 and "params.cursor" in by_id[5]["error"]["message"]
+    assert by_id[6]["error"]["code"] == -32600
+    assert not by_id[7]["result"].get("isError") and by_id[7]["result"]["structuredContent"]["hits"]
