@@ -120,12 +120,13 @@ def create_server(ops: Operations, allow_writes: bool = False):
 
     @server.tool(name="fetch", title="Read a passage or document", annotations=read)
     async def fetch(
-        id: Annotated[str, Field(description="A hit's id from `search`, or a document id.")],
+        id: Annotated[str, Field(description="What to read: a hit's `id` from `search` (`chunk:N`, one passage), or its "
+                                             "`source_id` (`doc:ID` or `file:PATH`, a whole document).")],
         whole_document: Annotated[bool, Field(strict=True, 
             description="Give the whole document the passage belongs to, not only the passage.")] = False,
     ) -> dict[str, Any]:
         """Read one passage by its id (from `search`) with its metadata and location, or, with
-        whole_document=true, the whole document it comes from."""
+        whole_document=true or a hit's source_id, the whole document it comes from."""
         return await call(ops.fetch, id, whole_document)
 
     @server.tool(name="info", title="What the index holds", annotations=read)

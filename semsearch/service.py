@@ -273,6 +273,63 @@ def _located(hit) -> dict[str, Any]:
     return {k: v for k, v in out.items() if v is not None}
 
 
+CHUNK_ID, DOC_ID, FILE_ID = "chunk:", "doc:", "file:"  # the three forms of a fetch id
+ROW_MARK = "#row="
+INT64_MAX = 2**63 - 1  # chunk ids are SQLite integers
+
+
+def _source_id(path: str, source: str, row: int | None) -> str:
+    """The fetch id of a hit's whole document: `doc:ID` for an API document, `file:PATH` for a
+    file (PATH as hits show it), with `#row=N` for a row of a table (a document of its own)."""
+    from semsearch.documents import doc_id_of
+
+    doc = doc_id_of(path)
+    if doc is not None:
+        return DOC_ID + doc
+    return FILE_ID + source + (f"{ROW_MARK}{row}" if row is not None else "")
+
+
+def _parse_fetch_id(given: str) -> tuple[str, Any]:
+    """(kind, key) of a fetch id: ("chunk", int or None), ("doc", docstore path, row), ("file", ...)
+    or ("bare", the id): see Operations.fetch."""
+    from semsearch.documents import doc_path
+
+    number = _number
+    if given.startswith(CHUNK_ID):
+        return "chunk", number(given[len(CHUNK_ID):])
+    if given.startswith(DOC_ID):
+        return "doc", (doc_path(given[len(DOC_ID):]), None)
+    if given.startswith(FILE_ID):
+        shown, mark, row = given[len(FILE_ID):].rpartition(ROW_MARK)
+        if not mark or number(row) is None:
+            shown, row = given[len(FILE_ID):], None
+        return "file", (os.path.abspath(shown) if shown else "", number(row) if row is not None else None)
+    return "bare", given
+
+
+def _number(text: str) -> int | None:
+    """A chunk id written as digits, within SQLite's integers; None for anything else."""
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 19 and int(text) <= INT64_MAX else None
+
+
+def _doc_key(key: Any) -> tuple[str, int | None]:
+    """(docstore path, row) of a parsed fetch id's document: a bare id is an API document's."""
+    from semsearch.documents import doc_path
+
+    return key if isinstance(key, tuple) else (doc_path(key) if isinstance(key, str) else "", None)
+
+
+def _document(docs, path: str, row: int | None):
+    from semsearch.documents import joined_documents
+
+    return joined_documents(docs, [path], row).get(path) if path else None
+
+
+def _not_found(given: str) -> DocumentNotFound:
+    return DocumentNotFound(f"no chunk or document with id {given!r} in the index (ids: chunk:N, doc:ID, "
+                            "file:PATH, as search gives them)").quoting(repr(given))
+
+
 class Operations:
     """What a client may ask of a Service, within `limits`, refusing writes when `read_only`.
     The HTTP endpoints and the MCP tools call these (on worker threads); each checks its
@@ -369,38 +426,54 @@ class Operations:
                                                for q, hits in zip(queries, results)]}
 
     def find(self, query: str, k: int | None = None, mode: str | None = None, where: Any = None) -> dict[str, Any]:
-        """One query's hits in the compact form an assistant reads: id, title, where it comes from
-        (file or document id, page, section, line), score and text."""
+        """One query's hits in the compact form an assistant reads: id (`chunk:N`, for fetch), title,
+        where it comes from (file or document id, page, section, line), the fetch id of its whole
+        document (`source_id`: `doc:ID` or `file:PATH`), score and text."""
         k = self.check_search([query], k, mode, where, False)
         gen, results = self.service.search([query], k, mode, where)
         return {"query": query, "generation": gen,
-                "hits": [{"id": str(h.id), "rank": h.rank, "title": _title(h), "score": h.score, **_located(h),
-                          "chunk": h.chunk, "text": h.text, "metadata": h.metadata} for h in results[0]]}
+                "hits": [{"id": CHUNK_ID + str(h.id), "rank": h.rank, "title": _title(h), "score": h.score,
+                          **_located(h), "source_id": _source_id(h.path, h.source, h.row), "chunk": h.chunk,
+                          "text": h.text, "metadata": h.metadata} for h in results[0]]}
 
     def fetch(self, id: Any, whole_document: bool = False) -> dict[str, Any]:
-        """A chunk by its id (a search hit's `id`), or an API document by its id: text, metadata and
-        where it comes from. `whole_document`: a chunk's whole document, its chunks joined."""
-        from semsearch.documents import check_id, doc_path, joined_documents
+        """A passage or a whole document by an id of one of three forms, each unambiguous:
+        `chunk:N` (a hit's `id`), `doc:ID` (a document written through the API) and `file:PATH`
+        (an indexed file as hits show it; `file:PATH#row=N` for a row of a table); a bare id is
+        a document id, or, where no document has it and it is a number, a chunk (the form of
+        earlier versions). `whole_document`: a chunk's whole document, its chunks joined. An id
+        that names nothing is `not found`, whatever the string."""
+        from semsearch.documents import check_id
 
-        doc_id = check_id(id)
-        self.check_encodable(doc_id, "id")
+        given = check_id(id)
+        self.check_encodable(given, "id")
         r = self.service.retriever()
         gen = r.manifest.generation
-        chunk = r.docs.get_chunks([int(doc_id)]).get(int(doc_id)) if doc_id.isascii() and doc_id.isdigit() else None
-        if chunk is not None and not whole_document:
-            hit = _chunk_hit(chunk)
-            return {"id": doc_id, "kind": "chunk", "generation": gen, "title": _title(hit), **_located(hit),
-                    "chunk": hit.chunk, "start": hit.start, "end": hit.end, "text": hit.text, "metadata": hit.metadata}
-        path = chunk["path"] if chunk is not None else doc_path(doc_id)
-        row = chunk["row"] if chunk is not None else None  # a table's row is a document of its own
-        found = joined_documents(r.docs, [path], row).get(path)
+        kind, key = _parse_fetch_id(given)
+        found = None
+        if kind == "bare":  # a document's id first; a number no document has: a chunk's (older hit ids)
+            found = _document(r.docs, *_doc_key(key))
+            if found is None and _number(key) is not None:
+                kind, key = "chunk", _number(key)
+        chunk = None
+        if kind == "chunk":
+            chunk = r.docs.get_chunks([key]).get(key) if key is not None else None
+            if chunk is None:
+                raise _not_found(given)
+            if not whole_document:
+                hit = _chunk_hit(chunk)
+                return {"id": CHUNK_ID + str(key), "kind": "chunk", "generation": gen, "title": _title(hit), **_located(hit),
+                        "source_id": _source_id(hit.path, hit.source, hit.row), "chunk": hit.chunk, "start": hit.start,
+                        "end": hit.end, "text": hit.text, "metadata": hit.metadata}
+        path, row = (chunk["path"], chunk["row"]) if chunk is not None else _doc_key(key)
+        found = found or _document(r.docs, path, row)
         if found is None:
-            raise DocumentNotFound(f"no chunk or document with id {doc_id!r} in the index").quoting(repr(doc_id))
+            raise _not_found(given)
         text, meta, n = found
         hit = _chunk_hit({"path": path, "metadata": meta, "start": 0, "end": len(text), "text": text, "row": row})
         located = {k: v for k, v in _located(hit).items() if k in ("document", "file", "row", "location")}
-        return {"id": doc_id, "kind": "document", "generation": gen, "title": _title(hit), **located,
-                "chunks": n, "text": text, "metadata": meta}
+        return {"id": _source_id(path, hit.source, row), "kind": "document", "generation": gen, "title": _title(hit),
+                **located, "chunks": n, "text": text, "metadata": meta}
 
     def info(self) -> dict[str, Any]:
         """What the index holds: model, pooling, counts, generation, modes, limits."""

@@ -68,7 +68,7 @@ def retriever(folder: Path) -> Retriever:
 
 
 def expected(folder: Path, query: str, k: int, where=None) -> list[tuple[str, float]]:
-    return [(str(h.id), h.score) for h in retriever(folder).search(query, k, where=where)]
+    return [(f"chunk:{h.id}", h.score) for h in retriever(folder).search(query, k, where=where)]
 
 
 def got(result) -> list[tuple[str, float]]:
@@ -142,7 +142,7 @@ def test_stdio_server_answers_as_the_retriever_and_survives_50_malformed_calls(i
             for mode in ("dense", "lexical"):
                 hits = (await c.call_tool("search", {"query": QUERIES[0], "k": 3, "mode": mode})).structured_content["hits"]
                 assert [(h["id"], round(h["score"], 5)) for h in hits] == [
-                    (str(h.id), round(h.score, 5)) for h in retriever(index).search(QUERIES[0], 3, mode=mode)]
+                    (f"chunk:{h.id}", round(h.score, 5)) for h in retriever(index).search(QUERIES[0], 3, mode=mode)]
             hit = (await c.call_tool("search", {"query": "lentil soup", "k": 1, "where": "path:*.jsonl"})).structured_content["hits"][0]
             assert hit["file"].endswith("papers.jsonl") and hit["row"] >= 1 and hit["title"] and hit["location"]
             one = (await c.call_tool("fetch", {"id": hit["id"]})).structured_content
@@ -277,12 +277,13 @@ def test_responses_stay_within_max_response_bytes(tmp_path, small_corpus):
 
     folder = tmp_path / "idx"
     index_corpus(small_corpus, folder, FakeEncoder(), progress=False)
-    ops = Operations(Service(folder, device="cpu", encoder=FakeEncoder()), Limits(max_response_bytes=500, max_k=5))
+    # (one hit with its ids and location: ~0.5 KB; three hits, or the index's info: over 0.8 KB)
+    ops = Operations(Service(folder, device="cpu", encoder=FakeEncoder()), Limits(max_response_bytes=800, max_k=5))
 
     async def main():
         async with Client(create_server(ops)) as c:
             small = await c.call_tool("search", {"query": "soup", "k": 1})
-            big = await c.call_tool("info", {})
+            big = await c.call_tool("search", {"query": "soup", "k": 3, "mode": "dense"})
             over = await c.call_tool("search", {"query": "soup", "k": 6})
             return small, big, over
 

@@ -187,3 +187,30 @@ def test_stdio_answers_every_message_it_cannot_read(folder):
     assert by_id[5]["error"]["code"] == -32602 and "params.cursor" in by_id[5]["error"]["message"]
     assert by_id[6]["error"]["code"] == -32600
     assert not by_id[7]["result"].get("isError") and by_id[7]["result"]["structuredContent"]["hits"]
+
+
+def test_fetch_ids_of_three_forms_never_mix(folder, small_corpus):
+    """An API document with id "5" beside chunk 5 of a file; ids past 64 bits; a file's id."""
+    from semsearch.documents import Document, upsert_documents
+
+    upsert_documents(folder, [Document("5", "kelp forests grow fast in cold water", {"lang": "en"}),
+                              Document(str(2**64), "a document whose id is past 64 bits", {})], FakeEncoder())
+    ops = ops_of(folder)
+    doc = ops.fetch("5")
+    assert doc["kind"] == "document" and doc["text"].startswith("kelp") and doc["id"] == "doc:5"
+    assert ops.fetch("doc:5")["text"] == doc["text"]
+    assert ops.fetch(str(2**64))["text"].startswith("a document whose id")
+    for missing in ("chunk:" + str(2**64), str(2**70), "chunk:99999", "doc:nope", "file:nowhere.txt", "chunk:x"):
+        with pytest.raises(InputError, match="no chunk or document"):
+            ops.fetch(missing)
+    hits = ops.find("meteor comet debris", k=5)["hits"]
+    hit = next(h for h in hits if h.get("file", "").endswith("space.txt"))
+    assert hit["id"].startswith("chunk:") and hit["source_id"] == "file:" + hit["file"]
+    chunk = ops.fetch(hit["id"])
+    assert chunk["kind"] == "chunk" and chunk["text"] == hit["text"] and chunk["id"] == hit["id"]
+    whole = ops.fetch(hit["source_id"])
+    assert whole["kind"] == "document" and hit["text"] in whole["text"] and whole["id"] == hit["source_id"]
+    assert ops.fetch(hit["id"], whole_document=True)["text"] == whole["text"]
+    assert ops.fetch(hit["id"].removeprefix("chunk:"))["text"] == hit["text"]  # the bare form of older hit ids
+    kelp = next(h for h in ops.find("kelp forests", k=5, mode="lexical")["hits"] if h.get("document") == "5")
+    assert kelp["source_id"] == "doc:5" and ops.fetch(kelp["id"])["text"] == kelp["text"]
