@@ -265,7 +265,9 @@ async def _invalid(request: Request, exc: RequestValidationError):
 
 
 async def _http(request: Request, exc: StarletteHTTPException):
-    return _error(request, exc.status_code, str(exc.detail), "not_found" if exc.status_code == 404 else "invalid_request_error")
+    response = _error(request, exc.status_code, str(exc.detail), "not_found" if exc.status_code == 404 else "invalid_request_error")
+    response.headers.update(exc.headers or {})  # a 405's Allow, among others
+    return response
 
 
 def status_of(exc: SemsearchError) -> tuple[int, str]:
@@ -289,6 +291,13 @@ async def _internal(request: Request, exc: Exception):
 
 # ---- routes --------------------------------------------------------------------------------------
 router = APIRouter()
+
+
+def _get(path: str, **kwargs):
+    """A GET route, answered to HEAD too (load balancers probe with HEAD), as one route so that a
+    405 names both in `Allow`; _openapi leaves HEAD out of the schema (it would repeat the GET
+    operation's id)."""
+    return router.api_route(path, methods=["GET", "HEAD"], **kwargs)
 BODY_MODELS = (SearchRequest, OpenAIEmbeddingRequest, TEIEmbedRequest, UpsertRequest)
 
 
@@ -317,18 +326,18 @@ async def _search(ops: Operations, queries, k, mode, where, single: bool, explai
     return await run_in_threadpool(lambda: _json(ops, ops.search(queries, k, mode, where, single, explain)))
 
 
-@router.get("/health")
+@_get("/health")
 async def health(ops: Operations = Depends(_ops)):
     return ops.health(await _current(ops))
 
 
-@router.get("/info")
+@_get("/info")
 async def info(ops: Operations = Depends(_ops)):
     await _current(ops)  # a new generation is opened on a worker thread, not here
     return ops.info()
 
 
-@router.get("/v1/models")
+@_get("/v1/models")
 async def models(ops: Operations = Depends(_ops)):
     m = (await _current(ops)).manifest
     created = 0
@@ -350,7 +359,7 @@ async def search_post(request: Request, ops: Operations = Depends(_ops)):
     return await _search(ops, queries, req.k, req.mode, req.where, req.query is not None, req.explain)
 
 
-@router.get("/search")
+@_get("/search")
 async def search_get(request: Request, q: StrictStr, k: int | None = Query(None, ge=1), mode: str | None = None,
                      where: list[str] = Query([], description="repeatable, all must hold: key=value, key!=value, key>=n, key>n, key<=n, key<n, path:GLOB"),
                      explain: bool = False, ops: Operations = Depends(_ops)):
@@ -360,7 +369,7 @@ async def search_get(request: Request, q: StrictStr, k: int | None = Query(None,
     return await _search(ops, [q], k, mode, where or None, True, explain)
 
 
-@router.get("/", include_in_schema=False)
+@_get("/", include_in_schema=False)
 async def page(request: Request):
     body, headers = request.app.state.page
     return Response(body, media_type="text/html; charset=utf-8", headers=headers)
@@ -470,7 +479,13 @@ def _openapi(app, bearer: bool) -> None:
 
     def openapi():
         if app.openapi_schema is None:
-            schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+            import warnings
+
+            with warnings.catch_warnings():  # HEAD beside GET repeats its operation id: dropped below
+                warnings.filterwarnings("ignore", message="Duplicate Operation ID")
+                schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+            for ops in schema.get("paths", {}).values():
+                ops.pop("head", None)
             components = schema.setdefault("components", {}).setdefault("schemas", {})
             for model in BODY_MODELS:
                 own = model.model_json_schema(ref_template="#/components/schemas/{model}")

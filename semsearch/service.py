@@ -481,6 +481,7 @@ class Operations:
 
         service = self.service
         m = service.retriever().manifest
+        fb = faiss_build()
         head = dict(m.head, path=Path(m.head["path"]).name) if isinstance(m.head, dict) and m.head.get("path") else m.head
         return {"index": service.folder.name, "model": public_model(m), "model_fingerprint": m.model_fingerprint,
                 "pooling": m.pooling, "head": head, "dim": m.dim, "metric": m.metric, "max_length": m.max_length,
@@ -488,13 +489,14 @@ class Operations:
                 "counts": m.counts, "generation": m.generation, "updated": m.updated,
                 "modes": list(MODES) if service.supports["mode"] else ["dense"], "read_only": self.read_only,
                 "limits": self.limits.__dict__, "version": semsearch.__version__,
-                "encoder_passes": {"passes": service.encoder.passes, "texts": service.encoder.texts}}
+                "encoder_passes": {"passes": service.encoder.passes, "texts": service.encoder.texts},
+                "faiss": {k: fb[k] for k in ("version", "gpu_build", "gpus")}}
 
     def health(self, r=None) -> dict[str, Any]:
+        """What a probe needs, and nothing more (it is answered without the key): the build of
+        faiss and the GPUs are in info()."""
         r = r if r is not None else self.service.retriever()
-        fb = faiss_build()
-        return {"status": "ok", "generation": r.manifest.generation, "chunks": len(r),
-                "faiss": {"version": fb["version"], "gpu_build": fb["gpu_build"], "gpus": fb["gpus"]}}
+        return {"status": "ok", "generation": r.manifest.generation, "chunks": len(r)}
 
     # ---- writing -----------------------------------------------------------------------------------
     def upsert(self, documents: list) -> dict[str, Any]:

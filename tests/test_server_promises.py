@@ -214,3 +214,16 @@ def test_fetch_ids_of_three_forms_never_mix(folder, small_corpus):
     assert ops.fetch(hit["id"].removeprefix("chunk:"))["text"] == hit["text"]  # the bare form of older hit ids
     kelp = next(h for h in ops.find("kelp forests", k=5, mode="lexical")["hits"] if h.get("document") == "5")
     assert kelp["source_id"] == "doc:5" and ops.fetch(kelp["id"])["text"] == kelp["text"]
+
+
+def test_head_wherever_get_is_and_405_says_allow(folder):
+    with running(create_app(Service(folder, device="cpu", encoder=FakeEncoder()))) as url:
+        with httpx.Client(base_url=url, timeout=60) as c:
+            for path in ("/health", "/", "/info", "/v1/models"):
+                r = c.head(path)
+                assert r.status_code == 200 and r.content == b"", (path, r.status_code)
+                assert r.headers["content-type"] == c.get(path).headers["content-type"]
+            r = c.put("/health")
+            assert r.status_code == 405 and "GET" in r.headers.get("allow", "") and r.json()["error"]["code"] == 405
+            r = c.get("/documents")
+            assert r.status_code == 405 and "POST" in r.headers.get("allow", "")
