@@ -24,7 +24,7 @@ from typing import Any, Iterable, Mapping
 from semsearch.corpus.chunking import ChunkSettings, chunk_text, line_of
 from semsearch.corpus.titles import embedding_text
 from semsearch.encoder.tokens import token_table
-from semsearch.errors import DocumentNotFound, IndexFormatError, InputError, SettingsMismatch
+from semsearch.errors import DocumentNotFound, IndexFormatError, InputError, SettingsMismatch, TooLarge
 from semsearch.limits import check_depth, check_encodable
 from semsearch.store.docstore import ChunkRow
 from semsearch.store.folder import IndexWriter, now
@@ -121,11 +121,36 @@ def create_index(folder: str | Path, encoder, chunking: ChunkSettings | None = N
     return folder
 
 
-def upsert_documents(folder: str | Path, docs: Iterable[Document], encoder, flush_chunks: int = 32) -> WriteReport:
+def _chunked(docs: list[Document], stored: dict, encoder, chunking, report: WriteReport, max_chunks: int | None):
+    """(document, digest, its stored file or None, its chunk rows) of each document that changed,
+    all chunked before any is encoded, so that `max_chunks` refuses a write before its work."""
+    plans = []
+    for d in docs:
+        digest = _digest(d)
+        old = stored.get(doc_path(d.id))
+        if old is not None and old.hash == digest:
+            report.unchanged += 1
+            continue
+        rows = [ChunkRow(0, None, i, c.start, c.end, line_of(d.text, c.start), c.text, dict(d.metadata))
+                for i, c in enumerate(chunk_text(d.text, encoder.token_offsets, chunking))]
+        if not rows:
+            raise InputError(f"document {d.id!r} has no text the model can read")
+        plans.append((d, digest, old, rows))
+    total = sum(len(p[3]) for p in plans)
+    if max_chunks is not None and total > max_chunks:
+        raise TooLarge(f"the documents of this write make {total:,} chunks to encode; one write encodes at most "
+                       f"{max_chunks:,}: send fewer or shorter documents in each")
+    return plans
+
+
+def upsert_documents(folder: str | Path, docs: Iterable[Document], encoder, flush_chunks: int = 32,
+                     max_chunks: int | None = None) -> WriteReport:
     """Add or replace documents by id in an existing index, in one new generation.
 
     `encoder` must be the index's (same weights, pooling, head). Chunks are encoded in batches of
-    `flush_chunks`, so an encoder shared with searches is not held for the whole write."""
+    `flush_chunks`, so an encoder shared with searches is not held for the whole write.
+    `max_chunks`: the most chunks the write may encode (TooLarge before any is, where the
+    documents make more; a server's bound on one request's work)."""
     t0 = time.perf_counter()
     folder = Path(folder)
     docs = list(docs)
@@ -161,16 +186,7 @@ def upsert_documents(folder: str | Path, docs: Iterable[Document], encoder, flus
             report.chunks += len(pending)
             pending.clear()
 
-        for d in docs:
-            digest = _digest(d)
-            old = stored.get(doc_path(d.id))
-            if old is not None and old.hash == digest:
-                report.unchanged += 1
-                continue
-            rows = [ChunkRow(0, None, i, c.start, c.end, line_of(d.text, c.start), c.text, dict(d.metadata))
-                    for i, c in enumerate(chunk_text(d.text, encoder.token_offsets, chunking))]
-            if not rows:
-                raise InputError(f"document {d.id!r} has no text the model can read")
+        for d, digest, old, rows in _chunked(docs, stored, encoder, chunking, report, max_chunks):
             if old is not None:
                 writer.vectors.remove(store.remove_file(old.id))
                 report.updated += 1

@@ -46,3 +46,7 @@ class IndexLocked(SemsearchError):
 
 class DocumentNotFound(InputError):
     """A document id that the index does not hold."""
+
+
+class TooLarge(InputError):
+    """A write that would cause more work than one request may (HTTP 413)."""

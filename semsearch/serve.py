@@ -37,7 +37,7 @@ from typing import Any, Iterable, Literal, Union
 
 import numpy as np
 
-from semsearch.errors import DocumentNotFound, IndexLocked, InputError, SemsearchError, SettingsMismatch
+from semsearch.errors import DocumentNotFound, IndexLocked, InputError, SemsearchError, SettingsMismatch, TooLarge
 from semsearch.exposure import (BodyLimit, Guard, HostPolicy, Scrubber, check_api_key, check_exposure, is_loopback,  # noqa: F401
                                 read_key_file, render_json, safe_text, shown_path)
 from semsearch.exposure import _orjson  # noqa: F401  (tests check that the serve extra brings orjson)
@@ -274,7 +274,7 @@ def status_of(exc: SemsearchError) -> tuple[int, str]:
     """The HTTP status and error type of one of semsearch's errors."""
     if isinstance(exc, ReadOnly):
         return 403, "permission_error"
-    status = (404 if isinstance(exc, DocumentNotFound) else 422 if isinstance(exc, InputError)
+    status = (404 if isinstance(exc, DocumentNotFound) else 413 if isinstance(exc, TooLarge) else 422 if isinstance(exc, InputError)
               else 409 if isinstance(exc, (IndexLocked, SettingsMismatch)) else 503)
     return status, type(exc).__name__
 

@@ -57,6 +57,7 @@ class Limits:
     max_inflight_per_client: int = 0  # requests one client address may have running at once (0: no limit)
     max_explained: int = 100  # hits explained in one search (explain=true; each may encode its chunk again)
     max_body_values: int = 100_000  # JSON values in one HTTP request body (counted before it is validated)
+    max_write_chunks: int = 2048  # chunks one write may encode (413 before any is: a 7.5 MB text makes ~6,800)
 
 
 class _Pending:
@@ -223,12 +224,12 @@ class Service:
         """Tokens the model sees for each text, with [CLS] and [SEP], before truncation."""
         return [len(self.encoder.token_offsets(t)) + 2 for t in texts]
 
-    def upsert(self, docs):
+    def upsert(self, docs, max_chunks: int | None = None):
         from semsearch.documents import upsert_documents
         from semsearch.store import writer_lock
 
         with writer_lock(self.folder):  # shared with a watcher of this process (--watch)
-            report = upsert_documents(self.folder, docs, self.encoder)
+            report = upsert_documents(self.folder, docs, self.encoder, max_chunks=max_chunks)
             self.retriever()  # the writer's next request, and every later one, sees it
         return report
 
@@ -511,10 +512,11 @@ class Operations:
         docs = [d if isinstance(d, Document) else Document(d.get("id"), d.get("text"), d.get("metadata") or {})
                 for d in documents]
         for i, d in enumerate(docs):
-            if isinstance(d.text, str) and len(d.text) > self.limits.max_request_bytes:
-                raise LimitExceeded(f"document {i + 1} has {len(d.text):,} characters; the most is "
+            size = len(d.text.encode("utf-8", "surrogatepass")) if isinstance(d.text, str) else 0
+            if size > self.limits.max_request_bytes:  # bytes, as the option says (a character may take 4)
+                raise LimitExceeded(f"document {i + 1} has {size:,} bytes of text; the most is "
                                     f"{self.limits.max_request_bytes:,} (--max-request-bytes)")
-        return self.service.upsert(docs).as_dict()
+        return self.service.upsert(docs, self.limits.max_write_chunks).as_dict()
 
     def delete(self, ids: list[str]) -> dict[str, Any]:
         self._writable()

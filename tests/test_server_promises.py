@@ -227,3 +227,23 @@ def test_head_wherever_get_is_and_405_says_allow(folder):
             assert r.status_code == 405 and "GET" in r.headers.get("allow", "") and r.json()["error"]["code"] == 405
             r = c.get("/documents")
             assert r.status_code == 405 and "POST" in r.headers.get("allow", "")
+
+
+def test_a_write_is_bounded_by_the_chunks_it_would_encode_and_the_bytes_of_its_text(folder):
+    from semsearch.service import LimitExceeded
+    from semsearch.store import Manifest
+
+    g = Manifest.load(folder).generation
+    enc = FakeEncoder()
+    long_text = " ".join(f"word{i} kelp forest" for i in range(400))  # ~1,200 tokens: dozens of chunks
+    with running(create_app(Service(folder, device="cpu", encoder=enc), Limits(max_write_chunks=10))) as url:
+        with httpx.Client(base_url=url, timeout=60) as c:
+            r = c.post("/documents", json={"documents": [{"id": "long", "text": long_text}]})
+            assert r.status_code == 413 and "one write encodes at most 10" in r.json()["error"]["message"], r.text
+            assert Manifest.load(folder).generation == g and enc.calls == 0  # refused before anything was encoded
+            ok = c.post("/documents", json={"documents": [{"id": "short", "text": "kelp forests grow fast"}]})
+            assert ok.status_code == 200 and ok.json()["added"] == 1
+    ops = ops_of(folder, max_request_bytes=1000)
+    ops.read_only = False
+    with pytest.raises(LimitExceeded, match="1,200 bytes of text"):
+        ops.upsert([{"id": "wide", "text": "\U0001f600" * 300}])  # 300 characters, 1,200 bytes
