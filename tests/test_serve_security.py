@@ -204,7 +204,7 @@ class Failing(Service):
             raise RuntimeError(f"cannot read {self.folder.resolve()}/docs.1.sqlite")
         return super().search(queries, k, mode, where)
 
-    def upsert(self, docs):
+    def upsert(self, docs, max_chunks=None):
         raise SettingsMismatch(f"{self.folder} was built with pooling 'mean'; documents must be encoded with it, not 'cls'")
 
 
