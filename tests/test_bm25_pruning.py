@@ -43,7 +43,7 @@ def index():
 
 @pytest.mark.parametrize("sparse_max", [0, lexical.SPARSE_MAX])  # MaxScore on every query, and the default
 def test_pruned_top_k_equals_the_exhaustive_top(index, monkeypatch, sparse_max):
-    monkeypatch.setattr(lexical, "SPARSE_MAX", sparse_max)
+    monkeypatch.setattr(lexical.scoring, "SPARSE_MAX", sparse_max)
     rng = np.random.default_rng(1)
     checked = 0
     for q in range(150):

@@ -57,7 +57,7 @@ def test_version_2_holds_the_arrays_it_was_written_from(tmp_path, n):
 def test_version_1_and_2_files_score_the_same_bit_for_bit(tmp_path, monkeypatch, span):
     """Across segments with deletions and filters: top_k (pruned and whole), score_all,
     scores_of and explain_terms are equal whichever file version the segments were read from."""
-    monkeypatch.setattr(lexical, "SPAN", span)
+    monkeypatch.setattr(lexical.writing, "SPAN", span)
     rng = np.random.default_rng(3)
     parts = [Postings.from_rows(*rows(rng, n, first, long=True)) for n, first in ((900, 0), (300, 5000), (700, 9000))]
     deleted = [np.array([0, 3, 17, 600]), None, np.arange(0, 700, 4)]
@@ -71,7 +71,7 @@ def test_version_1_and_2_files_score_the_same_bit_for_bit(tmp_path, monkeypatch,
     assert not isinstance(opened["v1"].parts[0], PackedPostings) and isinstance(opened["v2"].parts[0], PackedPostings)
     one, two = opened["v1"], opened["v2"]
     for sparse_max in (0, lexical.SPARSE_MAX):
-        monkeypatch.setattr(lexical, "SPARSE_MAX", sparse_max)
+        monkeypatch.setattr(lexical.scoring, "SPARSE_MAX", sparse_max)
         for q in range(60):
             h = np.unique(rng.choice(V, int(rng.integers(1, 9)), p=ZIPF)).astype(np.int64)
             rng.shuffle(h)
@@ -105,8 +105,8 @@ def test_write_merged_is_the_file_of_the_merged_rows(tmp_path, monkeypatch, seed
     """Random segments (as opened from their files, or arrays) with random deletions (none, some,
     all): write_merged's file is byte for byte write_file(Postings.from_rows(the live rows)), as
     `invert` of the merged docstore gives them; rows renumber, terms left without postings go."""
-    monkeypatch.setattr(lexical, "BATCH", batch)
-    monkeypatch.setattr(lexical, "SPAN", span)  # small: long lists of several widths, written in pieces
+    monkeypatch.setattr(lexical.writing, "BATCH", batch)
+    monkeypatch.setattr(lexical.writing, "SPAN", span)  # small: long lists of several widths, written in pieces
     rng = np.random.default_rng(seed)
     parts, live_ids, live_blobs, live_lens = [], [], [], []
     first = 0
@@ -149,7 +149,7 @@ def test_merge_memory_is_bounded_by_the_batch_not_the_input(tmp_path, monkeypatc
     """About 3.3M postings in three segment files (26 MB as arrays) merged 16k postings at a
     time: the heap's peak (tracemalloc; mapped files are page cache) is a few hundred bytes per
     batch posting, a fraction of the input, whatever its size."""
-    monkeypatch.setattr(lexical, "BATCH", 1 << 14)
+    monkeypatch.setattr(lexical.writing, "BATCH", 1 << 14)
     rng = np.random.default_rng(0)
     parts, first, nnz = [], 0, 0
     for j, n in enumerate((60_000, 30_000, 50_000)):
@@ -183,7 +183,7 @@ def test_merge_lets_the_pages_of_the_files_it_read_go(tmp_path, monkeypatch):
     term range; it lets the pages go as it goes (lexical.release), so a build's final merge does
     not end with every source file mapped (0.4 GB at 1M chunks, ~4 GB at 10M). The merged file
     is still the merge of the sources."""
-    monkeypatch.setattr(lexical, "BATCH", 1 << 14)
+    monkeypatch.setattr(lexical.writing, "BATCH", 1 << 14)
     rng = np.random.default_rng(1)
     parts, first = [], 0
     for j, n in enumerate((40_000, 40_000)):
@@ -232,8 +232,8 @@ def test_the_fast_analysis_is_the_regular_expression_s(text):
     that the plain definition, terms() over _WORD.findall(text.lower()), gives."""
     from collections import Counter
 
-    assert lexical._words(text) == lexical._WORD.findall(text.lower())
-    counts = Counter(lexical._term(w) for w in lexical._WORD.findall(text.lower()) if w not in lexical.STOPWORDS)
+    assert lexical.analysis._words(text) == lexical.analysis._WORD.findall(text.lower())
+    counts = Counter(lexical.analysis._term(w) for w in lexical.analysis._WORD.findall(text.lower()) if w not in lexical.STOPWORDS)
     h = np.array(sorted(counts), np.int64)
     want = h.tobytes() + np.array([counts[x] for x in h.tolist()], np.int32).tobytes()
     assert lexical.encode_terms(text) == (want, sum(counts.values()))

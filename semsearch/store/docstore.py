@@ -42,7 +42,7 @@ CREATE TABLE IF NOT EXISTS chunks (
     state_off INTEGER,              -- first token's row in that file
     state_len INTEGER,
     lex BLOB,                       -- before format 5: lexical terms, sorted 64-bit term hashes + counts
-    lex_len INTEGER                 -- (store/lexical.py) and their number; since, NULL (lexical.<s>.bin holds them)
+    lex_len INTEGER                 -- (store/lexical/) and their number; since, NULL (lexical.<s>.bin holds them)
 );
 CREATE INDEX IF NOT EXISTS chunks_file ON chunks(file_id);
 """

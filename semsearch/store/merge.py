@@ -13,7 +13,7 @@ A merge copies the live rows (texts, metadata, kept-state references; ids
 unchanged) through SQLite, streams the live rows of the segments' vector files into the merged
 segment's vector file, builds its vector index from that file (no re-encoding; memory holds the
 index, a training sample and one batch), merges the segments' posting files term range by term
-range (store/lexical.py write_merged: bounded memory too), and is published with the write that asked for it, in
+range (store/lexical/writing.py write_merged: bounded memory too), and is published with the write that asked for it, in
 one manifest rename.
 """
 from __future__ import annotations

@@ -12,7 +12,7 @@ of their sorted ids is sorted.
 Readers open each segment once and keep it across generations (its files never change), so a
 new generation costs what it adds. Search over the segments gives what one index over the same
 live chunks gives: dense top-k merged from each segment's top-k (exact for flat segments), BM25
-with statistics over every live chunk (semsearch/store/lexical.py), filters over global ids.
+with statistics over every live chunk (semsearch/store/lexical/), filters over global ids.
 """
 from __future__ import annotations
 
@@ -157,7 +157,7 @@ def segment_entry(folder: Path, seg_id: int, store: DocStore, vectors, index: di
         names.append(extra["vecs"])
         if vectors.kind == "flat":  # saved without them (VectorIndex.save): searched from the vector file
             extra["vectors_from"] = "vecs"
-    if (Path(folder) / lexical.file_name(docs_file)).exists():  # its posting file (store/lexical.py)
+    if (Path(folder) / lexical.file_name(docs_file)).exists():  # its posting file (store/lexical/)
         extra = {**extra, "postings": lexical.file_name(docs_file)}
         names.append(extra["postings"])
     return {"id": seg_id, "docs": docs_file, "vectors": vectors_file, "deletes": None, "rows": counts["chunks"],
