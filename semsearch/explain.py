@@ -345,45 +345,14 @@ def hit_tokens(encoder, texts: Sequence[str], kept: Sequence[np.ndarray | None] 
     texts = [embedding_text(c, t) for c, t in zip(contexts, shown)]  # what the encoder read
     kept = list(kept) if kept is not None else [None] * len(texts)
     tables = list(tables) if tables is not None else [None] * len(texts)
-    # a kept token table goes only with the kept states it was written with
-    tabs: list[np.ndarray | None] = [t if t is not None and k is not None and len(t) == len(k) else None
-                                     for t, k in zip(tables, kept)]
-    todo = [i for i, t in enumerate(tabs) if t is None]
-    if todo:
-        for i, e in zip(todo, _encodings(encoder, [texts[i] for i in todo])):
-            tabs[i] = encoding_table(e)
-    need = [i for i, (t, k) in enumerate(zip(tabs, kept)) if k is None or len(k) != len(t)]
-    fresh: dict[int, np.ndarray] = {}
-    if need:
-        run = getattr(encoder, "run_alone", None)  # a shared encoder (the server's) runs one pass at a time
-        got = run(_encode_states, [texts[i] for i in need]) if run else _encode_states(encoder, [texts[i] for i in need])
-        fresh = dict(zip(need, got))
+    tabs = _token_tables(encoder, texts, kept, tables)
+    fresh = _fresh_states(encoder, texts, kept, tabs)
     # every text's ids, offsets and special marks as arrays, all texts at once
     lens = [len(t) for t in tabs]
     allt = np.concatenate(tabs) if tabs else np.zeros((0, 3), np.int32)
-    n = len(allt)
     ids, off = allt[:, 0], allt[:, 1:]
-    special = off[:, 0] < 0
-    tok = _tokenizer(encoder)
-    strings, table = _vocab(tok)
-    if table is None or (n and (ids.min() < 0 or ids.max() >= len(table))):  # the tokenizer's own strings
-        strings = None
-        names = [tok.id_to_token(int(j)) or "" for j in ids.tolist()]
-        cont = np.fromiter((t.startswith("##") for t in names), bool, n)
-    else:
-        cont = table[ids]
-    in_context = np.zeros(n, bool)
-    if any(contexts):  # offsets into the text after its context; the context's tokens at no place in it
-        off = off.copy()
-        for i, at in zip(range(len(texts)), np.cumsum([0] + lens[:-1]).tolist()):
-            cut = prefix_length(contexts[i])
-            if cut:
-                o = off[at : at + lens[i]]
-                mine = (o[:, 0] >= 0) & (o[:, 0] < cut)
-                in_context[at : at + lens[i]] = mine
-                o[~mine & (o[:, 0] >= 0)] -= cut
-                o[mine] = -1
-        special = special | in_context
+    strings, names, cont = _token_strings(_tokenizer(encoder), ids)
+    off, special, in_context = _outside_contexts(contexts, lens, off, off[:, 0] < 0)
     real_end = np.where(special, 0, off[:, 1])
     out, at = [], 0
     for i in range(len(texts)):
@@ -395,6 +364,66 @@ def hit_tokens(encoder, texts: Sequence[str], kept: Sequence[np.ndarray | None] 
                            contexts[i], in_context[at:end] if contexts[i] else None))
         at = end
     return out
+
+
+def _token_tables(encoder, texts: list[str], kept: list, tables: list) -> list[np.ndarray]:
+    """Each text's token table: the kept one where it fits the kept states, else tokenised now
+    (all of those texts in one batched call)."""
+    # a kept token table goes only with the kept states it was written with
+    tabs: list[np.ndarray | None] = [t if t is not None and k is not None and len(t) == len(k) else None
+                                     for t, k in zip(tables, kept)]
+    todo = [i for i, t in enumerate(tabs) if t is None]
+    if todo:
+        for i, e in zip(todo, _encodings(encoder, [texts[i] for i in todo])):
+            tabs[i] = encoding_table(e)
+    return tabs
+
+
+def _fresh_states(encoder, texts: list[str], kept: list, tabs: list[np.ndarray]) -> dict[int, np.ndarray]:
+    """{text number: token states} encoded now, in one encoder pass, for the texts whose kept
+    states are missing or do not match their token table."""
+    need = [i for i, (t, k) in enumerate(zip(tabs, kept)) if k is None or len(k) != len(t)]
+    if not need:
+        return {}
+    run = getattr(encoder, "run_alone", None)  # a shared encoder (the server's) runs one pass at a time
+    got = run(_encode_states, [texts[i] for i in need]) if run else _encode_states(encoder, [texts[i] for i in need])
+    return dict(zip(need, got))
+
+
+def _token_strings(tok, ids: np.ndarray) -> tuple[list[str] | None, list[str] | None, np.ndarray]:
+    """(the vocabulary's string of each id, or None; else each token's string; which tokens
+    continue a word) for the token ids of all texts. The tokenizer is asked for each token's
+    string only where the vocabulary cannot give it (not WordPiece, or an id outside it)."""
+    n = len(ids)
+    strings, table = _vocab(tok)
+    names = None
+    if table is None or (n and (ids.min() < 0 or ids.max() >= len(table))):  # the tokenizer's own strings
+        strings = None
+        names = [tok.id_to_token(int(j)) or "" for j in ids.tolist()]
+        cont = np.fromiter((t.startswith("##") for t in names), bool, n)
+    else:
+        cont = table[ids]
+    return strings, names, cont
+
+
+def _outside_contexts(contexts: list[str], lens: list[int], off: np.ndarray,
+                      special: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(offsets, special marks, which tokens are the context's) of all texts' tokens, each text
+    lens[i] tokens long: offsets made to point into the text after its context, and the
+    context's tokens at no place in it (offsets -1, marked special)."""
+    in_context = np.zeros(len(off), bool)
+    if any(contexts):
+        off = off.copy()
+        for i, at in zip(range(len(lens)), np.cumsum([0] + lens[:-1]).tolist()):
+            cut = prefix_length(contexts[i])
+            if cut:
+                o = off[at : at + lens[i]]
+                mine = (o[:, 0] >= 0) & (o[:, 0] < cut)
+                in_context[at : at + lens[i]] = mine
+                o[~mine & (o[:, 0] >= 0)] -= cut
+                o[mine] = -1
+        special = special | in_context
+    return off, special, in_context
 
 
 # ---- the dense side --------------------------------------------------------------------------
@@ -808,21 +837,8 @@ def explain_hits(retriever, g, queries: Sequence[str], qv: np.ndarray | None, hi
     lex = g.lexical(retriever.folder, required=False) if mode in ("lexical", "hybrid") else None
     query_layers = (g.manifest.head or {}).get("kind") == "query-layers"
     dense = mode in ("dense", "hybrid") and qv is not None
-    toks: dict[int, _Tokens | None] = {}
-    stored: dict[int, np.ndarray] = {}
-    if dense:
-        ids = sorted({h.id for _, h in flat})
-        hit_of = {h.id: h for _, h in flat}
-        texts = [hit_of[i].text for i in ids]
-        contexts = [hit_context(g.manifest, hit_of[i]) for i in ids]  # the titles each chunk was encoded with
-        # the hits' token states and token tables read in one buffer where the index keeps them,
-        # else tokenised in one batched call and encoded in one encoder pass; the word spans,
-        # BM25 parts and fusion per query
-        kept = _kept_states(g, retriever.folder, ids)
-        pairs = [kept.get(i, (None, None)) for i in ids]
-        toks = dict(zip(ids, hit_tokens(retriever.encoder, texts, [p[0] for p in pairs], tables=[p[1] for p in pairs],
-                                        contexts=contexts)))
-        stored = _stored_vectors(g, ids)
+    toks, stored = _hits_dense_inputs(retriever, g, flat) if dense else ({}, {})
+    # the word spans, BM25 parts and fusion per query
     for qi, row in enumerate(hits):
         if not row:
             continue
@@ -861,6 +877,21 @@ def explain_hits(retriever, g, queries: Sequence[str], qv: np.ndarray | None, hi
             else:
                 _run_all(later[j])
                 h.explanation = e
+
+
+def _hits_dense_inputs(retriever, g, flat: list) -> tuple[dict[int, _Tokens | None], dict[int, np.ndarray]]:
+    """({chunk id: its tokens and token states}, {chunk id: its stored vector}) for the hits of
+    all queries, each chunk once. The hits' token states and token tables are read in one buffer
+    where the index keeps them, else tokenised in one batched call and encoded in one encoder pass."""
+    ids = sorted({h.id for _, h in flat})
+    hit_of = {h.id: h for _, h in flat}
+    texts = [hit_of[i].text for i in ids]
+    contexts = [hit_context(g.manifest, hit_of[i]) for i in ids]  # the titles each chunk was encoded with
+    kept = _kept_states(g, retriever.folder, ids)
+    pairs = [kept.get(i, (None, None)) for i in ids]
+    toks = dict(zip(ids, hit_tokens(retriever.encoder, texts, [p[0] for p in pairs], tables=[p[1] for p in pairs],
+                                    contexts=contexts)))
+    return toks, _stored_vectors(g, ids)
 
 
 def _run_all(fns) -> None:

@@ -18,7 +18,7 @@ error result with a message that names the argument and the limit; nothing a cli
 stop the server.
 """
 # No `from __future__ import annotations`: the SDK builds each tool's JSON schema from its
-# annotations at run time, and those name values of create_server (the server's --max-k).
+# annotations at run time, and those name values known only when a server is created (its --max-k).
 import contextlib
 import inspect
 import logging
@@ -51,17 +51,25 @@ def create_server(ops: Operations, allow_writes: bool = False):
     """The MCP server (an `mcp.server.mcpserver.MCPServer`) whose tools call `ops`; the write
     tools exist only with `allow_writes` (and refuse even then where `ops` is read-only)."""
     _require()
-    import anyio
     from mcp.server.mcpserver import MCPServer
-    from mcp.server.mcpserver.exceptions import ToolError
-    from mcp_types import ToolAnnotations
-    from pydantic import Field
 
     import semsearch
 
-    max_k = ops.limits.max_k
     known: dict[str, tuple[str, ...]] = {}  # each tool's argument names, filled in below
+    server = MCPServer(name="semsearch", title=f"semsearch: {ops.service.folder.name}", version=semsearch.__version__,
+                       instructions=INSTRUCTIONS, log_level="WARNING", middleware=[_unknown_argument_refusal(known)])
+    call = _tool_caller(ops)
+    tools = _add_read_tools(server, ops, call)
+    if allow_writes:
+        tools += _add_write_tools(server, ops, call)
+    for fn in tools:
+        known[fn.__name__] = tuple(p for p in inspect.signature(fn).parameters)
+    return server
 
+
+def _unknown_argument_refusal(known: dict[str, tuple[str, ...]]):
+    """The server's middleware: `known` maps each tool's name to its argument names, and is
+    filled in once the tools exist."""
     async def refuse_unknown_arguments(ctx, call_next):
         """A tools/call naming an argument the tool does not take is an error result, not a call
         with that argument silently dropped (a model that sends `top_k` would get 10 hits and
@@ -80,8 +88,13 @@ def create_server(ops: Operations, allow_writes: bool = False):
                     is_error=True)
         return await call_next(ctx)
 
-    server = MCPServer(name="semsearch", title=f"semsearch: {ops.service.folder.name}", version=semsearch.__version__,
-                       instructions=INSTRUCTIONS, log_level="WARNING", middleware=[refuse_unknown_arguments])
+    return refuse_unknown_arguments
+
+
+def _tool_caller(ops: Operations):
+    """`call(fn, *args)`, which every tool awaits to do its work through `ops`."""
+    import anyio
+    from mcp.server.mcpserver.exceptions import ToolError
 
     async def call(fn, *args) -> Any:
         """fn(*args) on a worker thread, its answer within --max-response-bytes; semsearch's
@@ -100,6 +113,16 @@ def create_server(ops: Operations, allow_writes: bool = False):
             log.exception("internal error in an MCP tool")
             raise ToolError(f"internal error ({type(e).__name__}); see the server log") from None
 
+    return call
+
+
+def _add_read_tools(server, ops: Operations, call) -> list:
+    """Register search, fetch and info on `server`; returns their functions. The schema of `k`
+    takes its bounds and default from `ops` (the server's --max-k and default k)."""
+    from mcp_types import ToolAnnotations
+    from pydantic import Field
+
+    max_k = ops.limits.max_k
     read = ToolAnnotations(readOnlyHint=True, destructiveHint=False, idempotentHint=True, openWorldHint=False)
 
     @server.tool(name="search", title="Search the index", annotations=read)
@@ -135,32 +158,40 @@ def create_server(ops: Operations, allow_writes: bool = False):
         updated, which search modes it offers and the server's limits."""
         return await call(ops.info)
 
-    if allow_writes:
-        write = ToolAnnotations(readOnlyHint=False, destructiveHint=False, idempotentHint=True, openWorldHint=False)
+    return [search, fetch, info]
 
-        @server.tool(name="upsert_document", title="Add or replace a document", annotations=write)
-        async def upsert_document(
-            id: Annotated[str, Field(description="The document's id: a document with this id is replaced.")],
-            text: Annotated[str, Field(description="The document's text.")],
-            metadata: Annotated[dict[str, Any] | None, Field(
-                description="Optional fields to filter on later (`where`), e.g. {\"lang\": \"en\"}.")] = None,
-        ) -> dict[str, Any]:
-            """Add a document to the index, or replace the one with the same id. It is searchable
+
+def _add_write_tools(server, ops: Operations, call) -> list:
+    """Register upsert_document and delete_document on `server` (for --allow-writes); returns
+    their functions."""
+    from mcp_types import ToolAnnotations
+    from pydantic import Field
+
+    write = ToolAnnotations(readOnlyHint=False, destructiveHint=False, idempotentHint=True, openWorldHint=False)
+
+    @server.tool(name="upsert_document", title="Add or replace a document", annotations=write)
+    async def upsert_document(
+        id: Annotated[str, Field(description="The document's id: a document with this id is replaced.")],
+        text: Annotated[str, Field(description="The document's text.")],
+        metadata: Annotated[dict[str, Any] | None, Field(
+            description="Optional fields to filter on later (`where`), e.g. {\"lang\": \"en\"}.")] = None,
+    ) -> dict[str, Any]:
+        """Add a document to the index, or replace the one with the same id. It is searchable
             as soon as this returns."""
-            return await call(ops.upsert, [{"id": id, "text": text, "metadata": metadata or {}}])
+        # the SDK gives a docstring as it stands as the tool's description: the indentation above
+        # is part of what clients see, kept as it was when this tool was nested one level deeper
+        return await call(ops.upsert, [{"id": id, "text": text, "metadata": metadata or {}}])
 
-        @server.tool(name="delete_document", title="Delete a document",
-                     annotations=ToolAnnotations(readOnlyHint=False, destructiveHint=True, idempotentHint=False,
-                                                 openWorldHint=False))
-        async def delete_document(
-            id: Annotated[str, Field(description="The id of a document added with upsert_document.")],
-        ) -> dict[str, Any]:
-            """Remove a document (added with upsert_document) from the index."""
-            return await call(ops.delete, [id])
+    @server.tool(name="delete_document", title="Delete a document",
+                 annotations=ToolAnnotations(readOnlyHint=False, destructiveHint=True, idempotentHint=False,
+                                             openWorldHint=False))
+    async def delete_document(
+        id: Annotated[str, Field(description="The id of a document added with upsert_document.")],
+    ) -> dict[str, Any]:
+        """Remove a document (added with upsert_document) from the index."""
+        return await call(ops.delete, [id])
 
-    for fn in [search, fetch, info] + ([upsert_document, delete_document] if allow_writes else []):
-        known[fn.__name__] = tuple(p for p in inspect.signature(fn).parameters)
-    return server
+    return [upsert_document, delete_document]
 
 
 def http_app(server, ops: Operations, *, api_key: str | None = None, host: str = "127.0.0.1",
