@@ -307,26 +307,7 @@ class PackedPostings(Postings):
         out = np.empty((k if js is None else len(js), BLOCK), np.int32)
         held = [g for g in range(3) if spans[g][0] != spans[g][1]]
         if len(held) == 1:  # every block of one width (all but the longest lists): views only
-            s0, s1 = spans[held[0]]
-            data = self._streams[held[0]][s0:s1]
-            nfull = (s1 - s0) // BLOCK
-            full = data[: nfull * BLOCK].reshape(nfull, BLOCK)
-            if js is None:  # the blocks' gaps are consecutive: one cumulative sum over them, padded
-                if nfull < k:
-                    out[k - 1, rem:] = 0
-                out.reshape(-1)[: len(data)] = data
-                out.cumsum(axis=1, out=out)
-                out += self.bfirst[a:b, None]
-                return out
-            else:
-                m = len(js) - (nfull < k and len(js) > 0 and int(js[-1]) == k - 1)
-                if m:
-                    np.cumsum(full[js[:m]].astype(np.int32), axis=1, out=out[:m])
-                last = len(js) - 1 if m < len(js) else -1
-            if nfull < k and last >= 0:
-                np.cumsum(data[nfull * BLOCK :].astype(np.int32), out=out[last, :rem])
-            out += (self.bfirst[a:b] if js is None else self.bfirst[a + js])[:, None]
-            return out
+            return self._one_width(held[0], spans[held[0]], a, b, rem, js, out)
         w = self.bwidth[a:b]
         for g in held:
             s0, s1 = spans[g]
@@ -359,6 +340,28 @@ class PackedPostings(Postings):
             if tail:
                 out[last, :rem] = np.cumsum(data[nfull * BLOCK:].astype(np.int32))
         out += (self.bfirst[a:b] if js is None else self.bfirst[a + js])[:, None]
+        return out
+
+    def _one_width(self, g: int, span: list, a: int, b: int, rem: int, js: np.ndarray | None, out: np.ndarray) -> np.ndarray:
+        """_term_blocks for a term whose blocks all have width g: views of one stream."""
+        k = b - a
+        s0, s1 = span
+        data = self._streams[g][s0:s1]
+        nfull = (s1 - s0) // BLOCK
+        full = data[: nfull * BLOCK].reshape(nfull, BLOCK)
+        if js is None:  # the blocks' gaps are consecutive: one cumulative sum over them, padded
+            if nfull < k:
+                out[k - 1, rem:] = 0
+            out.reshape(-1)[: len(data)] = data
+            out.cumsum(axis=1, out=out)
+            out += self.bfirst[a:b, None]
+            return out
+        m = len(js) - (nfull < k and len(js) > 0 and int(js[-1]) == k - 1)
+        if m:
+            np.cumsum(full[js[:m]].astype(np.int32), axis=1, out=out[:m])
+        if m < len(js):  # the term's last block, part full
+            np.cumsum(data[nfull * BLOCK :].astype(np.int32), out=out[len(js) - 1, :rem])
+        out += self.bfirst[a + js][:, None]
         return out
 
     def _tf(self, lo: int, hi: int) -> np.ndarray:

@@ -80,9 +80,31 @@ class _Writer:
         tfs = np.asarray(tfs, np.int64)
         nbp = -(-counts // BLOCK)
         bstart = np.concatenate([[0], np.cumsum(nbp)])
-        total = int(bstart[-1])
         pstart = np.concatenate([[0], np.cumsum(counts)])
-        first = np.repeat(pstart[:-1], nbp) + BLOCK * (np.arange(total) - np.repeat(bstart[:-1], nbp))
+        first = np.repeat(pstart[:-1], nbp) + BLOCK * (np.arange(int(bstart[-1])) - np.repeat(bstart[:-1], nbp))
+        width, before = self._gaps(rows, first, nbp, bstart, pstart, cont)
+        new = np.ones(len(hashes), bool)
+        new[0] = not cont
+        self._put("vocab", np.asarray(hashes, np.int64)[new], "<i8")
+        self._put("indptr", (c["nnz"] + pstart[:-1])[new], "<i8")
+        self._put("bptr", (c["nb"] + bstart[:-1])[new], "<i8")
+        for g in range(3):
+            self._put(f"s{g}", before[g][new], "<i8")
+        self._put("bfirst", rows[first], "<i4")
+        self._put("bwidth", width, "<u1")
+        self._bounds_and_tfs(first, tfs, plen)
+        c["nnz"] += len(rows)
+        c["nb"] += int(bstart[-1])
+        c["V"] += int(new.sum())
+        self.last = int(hashes[-1])
+        self.term_at = int(counts[-1]) + (self.term_at if cont and len(counts) == 1 else 0)
+        self.open_ended = self.term_at % SPAN == 0
+
+    def _gaps(self, rows: np.ndarray, first: np.ndarray, nbp: np.ndarray, bstart: np.ndarray, pstart: np.ndarray,
+              cont: bool) -> tuple[np.ndarray, dict]:
+        """Write the rows' gaps (0 at each block's first posting) to the streams of their
+        blocks' widths; gives back each block's width and, per width, each term's stream start."""
+        c, total = self.c, int(bstart[-1])
         cnt = np.diff(np.append(first, len(rows)))
         gaps = np.empty(len(rows), np.int64)
         gaps[:1] = 0
@@ -93,7 +115,7 @@ class _Writer:
         at = first - np.repeat(pstart[:-1], nbp)  # each block's first posting within its piece
         if cont:
             at[: nbp[0]] += self.term_at
-        unit = np.repeat(np.arange(len(counts)), nbp) * (1 << 40) + at // SPAN
+        unit = np.repeat(np.arange(len(nbp)), nbp) * (1 << 40) + at // SPAN
         ustart = np.flatnonzero(np.concatenate([[True], unit[1:] != unit[:-1]]))
         widest = np.maximum.reduceat(np.maximum.reduceat(gaps, first), ustart)
         width = np.repeat((widest >= 1 << 8).astype(np.uint8) + (widest >= 1 << 16), np.diff(np.append(ustart, total)))
@@ -109,15 +131,11 @@ class _Writer:
             else:
                 self._put(f"g{g}", vals, _GAPS[g])
             c[name] += len(vals)
-        new = np.ones(len(hashes), bool)
-        new[0] = not cont
-        self._put("vocab", np.asarray(hashes, np.int64)[new], "<i8")
-        self._put("indptr", (c["nnz"] + pstart[:-1])[new], "<i8")
-        self._put("bptr", (c["nb"] + bstart[:-1])[new], "<i8")
-        for g in range(3):
-            self._put(f"s{g}", before[g][new], "<i8")
-        self._put("bfirst", rows[first], "<i4")
-        self._put("bwidth", width, "<u1")
+        return width, before
+
+    def _bounds_and_tfs(self, first: np.ndarray, tfs: np.ndarray, plen: np.ndarray) -> None:
+        """The blocks' pruning bounds (largest tf, shortest row) and the postings' term counts:
+        a byte each, TF_ESCAPE marking one kept exactly beside."""
         maxtf = np.maximum.reduceat(tfs, first)
         minlen = np.minimum.reduceat(np.asarray(plen, np.float32), first)
         self._put("maxtf", maxtf, "<i8")
@@ -125,18 +143,11 @@ class _Writer:
         self.max_tf = max(self.max_tf, int(maxtf.max()))
         if self.head["len_int"] and not (np.all(minlen == np.floor(minlen)) and float(minlen.max()) < 1 << 16 and float(minlen.min()) >= 0):
             self.head["len_int"] = 0
-        # term counts: a byte each, TF_ESCAPE marking one kept exactly beside
         esc = np.flatnonzero(tfs >= TF_ESCAPE)
-        self._put("exc_at", c["nnz"] + esc, "<i8")
+        self._put("exc_at", self.c["nnz"] + esc, "<i8")
         self._put("exc_tf", tfs[esc], "<i4")
-        c["nexc"] += len(esc)
+        self.c["nexc"] += len(esc)
         self._put("tfs", np.minimum(tfs, TF_ESCAPE), "<u1")
-        c["nnz"] += len(rows)
-        c["nb"] += total
-        c["V"] += int(new.sum())
-        self.last = int(hashes[-1])
-        self.term_at = int(counts[-1]) + (self.term_at if cont and len(counts) == 1 else 0)
-        self.open_ended = self.term_at % SPAN == 0
 
     def finish(self) -> None:
         import os
@@ -254,86 +265,118 @@ def write_merged(path, parts: Sequence[tuple[Postings, np.ndarray]]) -> None:
     posting file. The file is the one write_file() writes from the merged rows inverted afresh
     (rows renumbered, deleted ones gone, terms left without postings gone), written term range
     by term range: memory stays bounded by a few BATCH postings whatever the parts' sizes."""
-    dead = []
-    for p, d in parts:  # positions of the deleted ids each part holds
-        d = np.asarray(d if d is not None else [], np.int64)
-        pos = np.searchsorted(p.ids, d).clip(0, max(len(p.ids) - 1, 0))
-        dead.append(np.unique(pos[p.ids[pos] == d]) if len(p.ids) else np.zeros(0, np.int64))
+    dead = [_dead_positions(p, d) for p, d in parts]
     live = [len(p.ids) - len(d) for (p, _), d in zip(parts, dead)]
-    offsets = np.cumsum([0] + live)
-    w = _Writer(path, int(offsets[-1]))
+    m = _Merge([p for p, _ in parts], dead, np.cumsum([0] + live))
+    w = _Writer(path, int(m.offsets[-1]))
     try:
-        for (p, _), d in zip(parts, dead):
+        m.rows(w)
+        while m.step(w):
+            pass
+        w.finish()
+    finally:
+        w.close()
+
+
+def _dead_positions(p: Postings, d) -> np.ndarray:
+    """The positions in p of the deleted ids `d` it holds."""
+    d = np.asarray(d if d is not None else [], np.int64)
+    pos = np.searchsorted(p.ids, d).clip(0, max(len(p.ids) - 1, 0))
+    return np.unique(pos[p.ids[pos] == d]) if len(p.ids) else np.zeros(0, np.int64)
+
+
+class _Merge:
+    """write_merged's sweep over its parts' terms in hash order: `cursor` holds each part's next
+    term; each step writes the terms below a bound that keeps every part's share of the step
+    near BATCH / parts postings (or one long term, in pieces)."""
+
+    def __init__(self, parts: list[Postings], dead: list[np.ndarray], offsets: np.ndarray):
+        self.parts, self.dead, self.offsets = parts, dead, offsets
+        self.cursor = [0] * len(parts)
+        self.share = max(BATCH // max(len(parts), 1), BLOCK)
+
+    def rows(self, w: _Writer) -> None:
+        """Every part's live rows, in order."""
+        for p, d in zip(self.parts, self.dead):
             for a in range(0, len(p.ids), BATCH):
                 keep = np.ones(min(BATCH, len(p.ids) - a), bool)
                 keep[d[(d >= a) & (d < a + BATCH)] - a] = False
                 w.rows(p.ids[a : a + BATCH][keep], p.lengths[a : a + BATCH][keep])
             release(p)
-        cursor = [0] * len(parts)
-        share = max(BATCH // max(len(parts), 1), BLOCK)
-        while True:
-            for p, _ in parts:  # what the last term range read: a forward sweep lets its pages go
-                release(p)
-            heads = [int(p.vocab[v]) for (p, _), v in zip(parts, cursor) if v < len(p.vocab)]
-            if not heads:
-                break
-            # a hash bound below which each part holds at most `share` postings (or one term)
-            bound = None
-            for (p, _), v in zip(parts, cursor):
-                if v < len(p.vocab):
-                    e = int(np.searchsorted(p.indptr, int(p.indptr[v]) + share, "right")) - 1
-                    if e < len(p.vocab):
-                        h = int(p.vocab[max(e, v)])
-                        bound = h if bound is None else min(bound, h)
-            first = min(heads)
-            if bound is not None and bound == first:  # one term with many postings: in pieces
-                got = []
-                for j, ((p, _), v) in enumerate(zip(parts, cursor)):
-                    if v < len(p.vocab) and int(p.vocab[v]) == first:
-                        got.append((j, v))
-                        cursor[j] = v + 1
-                buf_rows, buf_tfs, buf_len = [], [], []
-                held = 0
-                for j, v in got:
-                    p = parts[j][0]
-                    for _, _, lo, hi in _pieces(p.indptr, v, v + 1, share):
-                        r, t, ln = _live_postings(p, dead[j], int(offsets[j]), lo, hi)
-                        buf_rows.append(r)
-                        buf_tfs.append(t)
-                        buf_len.append(ln)
-                        held += len(r)
-                        if held >= max(BATCH, SPAN):
-                            r, t, ln = (np.concatenate(x) for x in (buf_rows, buf_tfs, buf_len))
-                            cut = len(r) // SPAN * SPAN
-                            w.terms(np.array([first]), [cut], r[:cut], t[:cut], ln[:cut])
-                            buf_rows, buf_tfs, buf_len, held = [r[cut:]], [t[cut:]], [ln[cut:]], len(r) - cut
-                r, t, ln = (np.concatenate(x) for x in (buf_rows, buf_tfs, buf_len))
-                if len(r):
-                    w.terms(np.array([first]), [len(r)], r, t, ln)
+
+    def step(self, w: _Writer) -> bool:
+        """Write the next range of terms; False once every term is written."""
+        for p in self.parts:  # what the last term range read: a forward sweep lets its pages go
+            release(p)
+        heads = [int(p.vocab[v]) for p, v in zip(self.parts, self.cursor) if v < len(p.vocab)]
+        if not heads:
+            return False
+        bound, first = self._bound(), min(heads)
+        if bound is not None and bound == first:  # one term with many postings: in pieces
+            self._long_term(w, first)
+        else:
+            self._term_range(w, bound)
+        return True
+
+    def _bound(self) -> int | None:
+        """A hash bound below which each part holds at most `share` postings (or one term)."""
+        bound = None
+        for p, v in zip(self.parts, self.cursor):
+            if v < len(p.vocab):
+                e = int(np.searchsorted(p.indptr, int(p.indptr[v]) + self.share, "right")) - 1
+                if e < len(p.vocab):
+                    h = int(p.vocab[max(e, v)])
+                    bound = h if bound is None else min(bound, h)
+        return bound
+
+    def _long_term(self, w: _Writer, first: int) -> None:
+        """Term `first`'s postings from every part holding it, written SPAN postings at a time."""
+        got = []
+        for j, (p, v) in enumerate(zip(self.parts, self.cursor)):
+            if v < len(p.vocab) and int(p.vocab[v]) == first:
+                got.append((j, v))
+                self.cursor[j] = v + 1
+        buf_rows, buf_tfs, buf_len = [], [], []
+        held = 0
+        for j, v in got:
+            p = self.parts[j]
+            for _, _, lo, hi in _pieces(p.indptr, v, v + 1, self.share):
+                r, t, ln = _live_postings(p, self.dead[j], int(self.offsets[j]), lo, hi)
+                buf_rows.append(r)
+                buf_tfs.append(t)
+                buf_len.append(ln)
+                held += len(r)
+                if held >= max(BATCH, SPAN):
+                    r, t, ln = (np.concatenate(x) for x in (buf_rows, buf_tfs, buf_len))
+                    cut = len(r) // SPAN * SPAN
+                    w.terms(np.array([first]), [cut], r[:cut], t[:cut], ln[:cut])
+                    buf_rows, buf_tfs, buf_len, held = [r[cut:]], [t[cut:]], [ln[cut:]], len(r) - cut
+        r, t, ln = (np.concatenate(x) for x in (buf_rows, buf_tfs, buf_len))
+        if len(r):
+            w.terms(np.array([first]), [len(r)], r, t, ln)
+
+    def _term_range(self, w: _Writer, bound: int | None) -> None:
+        """Every part's terms below `bound` (None: all the rest), merged by term."""
+        hs, rs, ts, ls = [], [], [], []
+        for j, p in enumerate(self.parts):
+            v = self.cursor[j]
+            e = len(p.vocab) if bound is None else int(np.searchsorted(p.vocab, bound))
+            if e <= v:
                 continue
-            hs, rs, ts, ls = [], [], [], []
-            for j, (p, _) in enumerate(parts):
-                v = cursor[j]
-                e = len(p.vocab) if bound is None else int(np.searchsorted(p.vocab, bound))
-                if e <= v:
-                    continue
-                lo, hi = int(p.indptr[v]), int(p.indptr[e])
-                r, t, ln, h = _live_postings(p, dead[j], int(offsets[j]), lo, hi, (v, e))
-                for out, x in zip((hs, rs, ts, ls), (h, r, t, ln)):
-                    out.append(x)
-                cursor[j] = e
-            if not hs:
-                continue
-            h = np.concatenate(hs)
-            order = np.argsort(h, kind="stable")  # parts in order, rows sorted within each: each term's rows sorted
-            h = h[order]
-            if not len(h):  # every posting of these terms was deleted
-                continue
-            u, counts = np.unique(h, return_counts=True)
-            w.terms(u, counts, np.concatenate(rs)[order], np.concatenate(ts)[order], np.concatenate(ls)[order])
-        w.finish()
-    finally:
-        w.close()
+            lo, hi = int(p.indptr[v]), int(p.indptr[e])
+            r, t, ln, h = _live_postings(p, self.dead[j], int(self.offsets[j]), lo, hi, (v, e))
+            for out, x in zip((hs, rs, ts, ls), (h, r, t, ln)):
+                out.append(x)
+            self.cursor[j] = e
+        if not hs:
+            return
+        h = np.concatenate(hs)
+        order = np.argsort(h, kind="stable")  # parts in order, rows sorted within each: each term's rows sorted
+        h = h[order]
+        if not len(h):  # every posting of these terms was deleted
+            return
+        u, counts = np.unique(h, return_counts=True)
+        w.terms(u, counts, np.concatenate(rs)[order], np.concatenate(ts)[order], np.concatenate(ls)[order])
 
 
 def _live_postings(p: Postings, dead: np.ndarray, offset: int, lo: int, hi: int, terms: tuple[int, int] | None = None):
