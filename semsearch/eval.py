@@ -235,32 +235,19 @@ def evaluate_beir(data: BeirData, encoder, poolings: Sequence[str], ks: Sequence
     rep.settings.update({"modes": list(modes), "ignore_identical_ids": True})
     if "hybrid" in modes:
         rep.settings.update({"fusion": fusion, "alpha": alpha if fusion == "convex" else None, "depth": fusion_.DEPTH})
-    per_q: dict[str, dict] = {}
-
-    def add(name: str, pooling: str, search: str, run: dict) -> None:
-        pq: dict[str, dict[str, float]] | None = {} if per_query else None
-        m = trec_metrics(data.qrels, run, ks, data.zero_queries, pq)
-        rep.rows.append({"pooling": pooling, "mode": name, "search": search, **{k: round(v, 2) for k, v in m.items()}})
-        for sub, qids in (subsets or {}).items():
-            if qids:
-                ms = trec_metrics({q: data.qrels[q] for q in qids}, run, ks)
-                rep.rows.append({"pooling": pooling, "mode": name, "search": search, "queries": f"{sub} ({len(qids)})",
-                                 **{k: round(v, 2) for k, v in ms.items()}})
-        if per_query:
-            per_q[f"{name}/{pooling}"] = pq
-
+    per_q: dict[str, dict] | None = {} if per_query else None
     for mode in modes:
         if mode == "lexical":
             run = {q: {data.doc_ids[i]: s for i, s in lex.search(qt, depth)} for q, qt in zip(data.query_ids, data.query_texts)}
-            add("lexical", "-", "bm25", _drop_identical(run))
+            _add_beir_rows(rep, per_q, data, ks, subsets, "lexical", "-", "bm25", _drop_identical(run))
             continue
         for p in poolings:
             scores, idx = exact_search(queries[p], docs[p], depth)
             if mode == "dense":
-                add("dense", p, "exact", to_run(data.query_ids, data.doc_ids, scores, idx))
+                _add_beir_rows(rep, per_q, data, ks, subsets, "dense", p, "exact", to_run(data.query_ids, data.doc_ids, scores, idx))
             else:
                 run = hybrid_run(data, queries[p], docs[p], scores, idx, lex, depth, fusion, alpha)
-                add("hybrid", p, f"exact+bm25 {fusion}", run)
+                _add_beir_rows(rep, per_q, data, ks, subsets, "hybrid", p, f"exact+bm25 {fusion}", run)
     rep.seconds = {"encode_corpus": round(t1 - t0, 2), "encode_queries": round(t2 - t1, 2), "lexical_index": round(t3 - t2, 2),
                    "total": round(time.perf_counter() - t0, 2)}
     if dense_modes:
@@ -268,6 +255,22 @@ def evaluate_beir(data: BeirData, encoder, poolings: Sequence[str], ks: Sequence
     if per_query:
         rep.per_query = per_q
     return rep
+
+
+def _add_beir_rows(rep: EvalReport, per_q: dict[str, dict] | None, data: BeirData, ks: Sequence[int],
+                   subsets: dict[str, Sequence[str]] | None, name: str, pooling: str, search: str, run: dict) -> None:
+    """The rows of one run (a mode with a pooling) into `rep`: over every query, then over each
+    subset; its per-query metrics into `per_q` where that is asked for (not None)."""
+    pq: dict[str, dict[str, float]] | None = {} if per_q is not None else None
+    m = trec_metrics(data.qrels, run, ks, data.zero_queries, pq)
+    rep.rows.append({"pooling": pooling, "mode": name, "search": search, **{k: round(v, 2) for k, v in m.items()}})
+    for sub, qids in (subsets or {}).items():
+        if qids:
+            ms = trec_metrics({q: data.qrels[q] for q in qids}, run, ks)
+            rep.rows.append({"pooling": pooling, "mode": name, "search": search, "queries": f"{sub} ({len(qids)})",
+                             **{k: round(v, 2) for k, v in ms.items()}})
+    if per_q is not None:
+        per_q[f"{name}/{pooling}"] = pq
 
 
 def hybrid_run(data: BeirData, qv: np.ndarray, dv: np.ndarray, scores: np.ndarray, idx: np.ndarray, lex, depth: int,
@@ -341,41 +344,45 @@ def evaluate_index(data: BeirData, retriever, ks: Sequence[int] = DEFAULT_KS, id
     rep = EvalReport(str(data.folder), data.split, settings=_settings(retriever.encoder, data))
     rep.settings["index"] = str(retriever.folder)
     rep.settings["index_type"] = retriever.manifest.index.get("type", "flat")
+    pooling = retriever.manifest.pooling
     for name, s, i in (("index", approx_s, approx_i), ("exact", exact_s, exact_i)):
-        run = {}
-        for q, srow, irow in zip(data.query_ids, s, i):
-            best: dict[str, float] = {}
-            for sc, cid in zip(srow, irow):
-                d = doc_of.get(int(cid))
-                if d is not None and d != q and sc > best.get(d, -2.0):
-                    best[d] = float(sc)
-            run[q] = best
-        runs[name] = run
-        m = trec_metrics(data.qrels, run, ks, data.zero_queries)
-        rep.rows.append({"pooling": retriever.manifest.pooling, "search": name, **{k: round(v, 2) for k, v in m.items()}})
+        runs[name] = _best_chunk_run(data.query_ids, (zip(srow, irow) for srow, irow in zip(s, i)), doc_of)
+        _add_index_row(rep, data, ks, pooling, name, runs[name])
     for k in ks:
         a, e = approx_i[:, :k], exact_i[:, :k]
         rep.rows[0][f"ann_recall@{k}"] = round(float(np.mean([len(set(x) & set(y)) / max(len(set(y)), 1) for x, y in zip(a, e)])), 4)
     for mode in [m for m in modes if m != "dense"]:
-        run = {}
-        for q, hits in zip(data.query_ids, retriever.search_batch(data.query_texts, per_chunk, mode=mode, fusion=fusion, alpha=alpha)):
-            best = {}
-            for h in hits:
-                d = doc_of.get(h.id)
-                if d is not None and d != q and h.score > best.get(d, -2.0):
-                    best[d] = float(h.score)
-            run[q] = best
-        runs[mode] = run
-        m = trec_metrics(data.qrels, run, ks, data.zero_queries)
-        rep.rows.append({"pooling": retriever.manifest.pooling, "search": mode, **{k: round(v, 2) for k, v in m.items()}})
+        found = retriever.search_batch(data.query_texts, per_chunk, mode=mode, fusion=fusion, alpha=alpha)
+        runs[mode] = _best_chunk_run(data.query_ids, (((h.score, h.id) for h in hits) for hits in found), doc_of)
+        _add_index_row(rep, data, ks, pooling, mode, runs[mode])
     for sub, qids in (subsets or {}).items():
         for name, run in runs.items():
             if qids:
                 ms = trec_metrics({q: data.qrels[q] for q in qids}, run, ks)
-                rep.rows.append({"pooling": retriever.manifest.pooling, "search": name, "queries": f"{sub} ({len(qids)})",
+                rep.rows.append({"pooling": pooling, "search": name, "queries": f"{sub} ({len(qids)})",
                                  **{k: round(v, 2) for k, v in ms.items()}})
     rep.seconds = {"total": round(time.perf_counter() - t0, 2)}
     return rep
+
+
+def _best_chunk_run(query_ids: Sequence[str], ranked, doc_of: dict[int, str]) -> dict[str, dict[str, float]]:
+    """A run of documents from each query's ranked chunks ((score, chunk id) each): a document
+    scores its best chunk; a chunk of no known document, or of the query's own id, is left out."""
+    run = {}
+    for q, chunks in zip(query_ids, ranked):
+        best: dict[str, float] = {}
+        for sc, cid in chunks:
+            d = doc_of.get(int(cid))
+            if d is not None and d != q and sc > best.get(d, -2.0):
+                best[d] = float(sc)
+        run[q] = best
+    return run
+
+
+def _add_index_row(rep: EvalReport, data: BeirData, ks: Sequence[int], pooling: str, search: str, run: dict) -> None:
+    """The row of one run of evaluate_index over every query."""
+    m = trec_metrics(data.qrels, run, ks, data.zero_queries)
+    rep.rows.append({"pooling": pooling, "search": search, **{k: round(v, 2) for k, v in m.items()}})
 
 
 DOCUMENT_NAMED_EXTS = {".pdf", ".html", ".htm", ".xhtml", ".docx", ".txt", ".md"}

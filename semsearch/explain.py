@@ -601,7 +601,7 @@ _TERMS_MAX = 200_000
 
 
 def _word_term(word: str) -> int | None:
-    """lexical._term(word), or None for a stopword; remembered (a text's words recur across hits
+    """lexical.analysis._term(word), or None for a stopword; remembered (a text's words recur across hits
     and queries, and stemming and hashing each is most of the lexical explanation's cost)."""
     try:
         return _TERMS[word]
@@ -609,7 +609,7 @@ def _word_term(word: str) -> int | None:
         if len(_TERMS) >= _TERMS_MAX:
             _TERMS.clear()
             _FORMS.clear()
-        h = _TERMS[word] = None if word in lexical_.STOPWORDS else lexical_._term(word)
+        h = _TERMS[word] = None if word in lexical_.STOPWORDS else lexical_.analysis._term(word)
         if h is not None:
             _FORMS.setdefault(h, set()).add(word)
         return h

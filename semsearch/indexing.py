@@ -22,7 +22,7 @@ from semsearch.encoder.models import weight_stats
 from semsearch.engines.chunks import file_chunks
 from semsearch.engines.register import drop_file, drop_gone, replace_file, same_stat
 from semsearch.errors import CorpusError, InputError, SettingsMismatch
-from semsearch.store.docstore import ChunkRow
+from semsearch.store.docstore import ChunkRow, StoredFile
 from semsearch.store.folder import IndexWriter, now
 from semsearch.store.files import damaged
 from semsearch.store.manifest import Manifest
@@ -277,19 +277,12 @@ def index_corpus(
     exactly) each time it holds this many new chunks, between files, so that a long run that is
     interrupted resumes from there; the run's segments are merged into one at its end (None:
     publish once, at the end)."""
-    from semsearch.store.resume import ResumeCache, encoder_key
-
     t0 = time.perf_counter()
     corpus, folder = Path(corpus), Path(folder)
     read = read or ReadOptions()
     found = found or scan_corpus(corpus, include, exclude)
     base = load_base(folder, rebuild)
-    if base is not None and chunking is None:
-        chunking = ChunkSettings.of_index(base.chunking)
-    chunking = (chunking or ChunkSettings(window=encoder.max_length - 2)).check(encoder.max_length)
-    needs_repool = check_settings(base, encoder, chunking, folder) if base is not None else False
-    if chunking.context is None:  # titles as the index has them (one built before them: none); a new index's: with them
-        chunking = dataclasses.replace(chunking, context=ChunkSettings.of_index(base.chunking).titles if base is not None else chunking.titles)
+    chunking, needs_repool = _settle_chunking(base, encoder, chunking, folder)
     keep_states = keep_states or bool(base and base.states)
 
     report = IndexReport(index=str(folder), skipped=dict(found.skipped), skipped_files=_walk_skips(found))
@@ -300,83 +293,134 @@ def index_corpus(
         report.unchanged, report.totals = len(found.files), dict(base.counts)
         report.seconds = time.perf_counter() - t0
         return report
-    writer = IndexWriter(folder, encoder.out_dim, base)
-    holder = [writer]  # the current writer: a long run publishes segments as it goes (roll)
-    cache = None
-    vs = vectors or VectorSettings()
+    run = _Run(folder, encoder, chunking, keep_states, base, vectors, report, needs_repool, force)
+    try:
+        new_head = run.start()
+        run.write(found.files, corpus.resolve(), read, progress, flush_chunks, checksum, engine, segment_chunks)
+        run.finish(new_head, t0)
+    except BaseException as e:
+        run.abort()
+        if isinstance(e, (sqlite3.DatabaseError, UnicodeDecodeError)) and base is not None:  # a docstore had damage its checks did not reach
+            raise damaged(folder, base.files.get("docs", "docs"), f"damaged ({e})") from e
+        raise
+    if run.cache is not None:
+        run.cache.drop()
+    return report
 
-    def manifest_for(w: IndexWriter, entry: dict) -> Manifest:
+
+def _settle_chunking(base: Manifest | None, encoder, chunking: ChunkSettings | None,
+                     folder: Path) -> tuple[ChunkSettings, bool]:
+    """The run's chunk settings (those given, else the index's, else the model's length), checked
+    against the index's; gives back them and whether the index needs a re-pool (check_settings)."""
+    if base is not None and chunking is None:
+        chunking = ChunkSettings.of_index(base.chunking)
+    chunking = (chunking or ChunkSettings(window=encoder.max_length - 2)).check(encoder.max_length)
+    needs_repool = check_settings(base, encoder, chunking, folder) if base is not None else False
+    if chunking.context is None:  # titles as the index has them (one built before them: none); a new index's: with them
+        chunking = dataclasses.replace(chunking, context=ChunkSettings.of_index(base.chunking).titles if base is not None else chunking.titles)
+    return chunking, needs_repool
+
+
+class _Run:
+    """What the steps of one index_corpus run share: its settings, its report, the resume cache
+    and the current writer (a long run publishes segments as it goes and goes on with a new
+    writer: roll)."""
+
+    def __init__(self, folder: Path, encoder, chunking: ChunkSettings, keep_states: bool, base: Manifest | None,
+                 vectors: VectorSettings | None, report: IndexReport, needs_repool: bool, force: bool):
+        self.folder, self.encoder, self.chunking, self.keep_states = folder, encoder, chunking, keep_states
+        self.base, self.vectors, self.vs = base, vectors, vectors or VectorSettings()
+        self.report, self.needs_repool, self.force = report, needs_repool, force
+        self.writer = IndexWriter(folder, encoder.out_dim, base)
+        self.cache = None
+
+    def manifest_for(self, w: IndexWriter, entry: dict) -> Manifest:
+        """The manifest of the run's settings for what `w` holds, with `entry` as its new segment's index."""
+        encoder, base = self.encoder, self.base
         return Manifest(
             model=encoder.name, model_fingerprint=encoder.fingerprint, backend=encoder.backend,
             pooling=encoder.pooling, dim=encoder.out_dim, max_length=encoder.max_length,
-            precision=encoder.precision, chunking=chunking.as_manifest(),
+            precision=encoder.precision, chunking=self.chunking.as_manifest(),
             head=getattr(encoder, "head_info", None), counts=w.docs.counts(),
-            states={"dtype": "float16", "dim": encoder.dim} if keep_states else None,
+            states={"dtype": "float16", "dim": encoder.dim} if self.keep_states else None,
             model_files=weight_stats(encoder.folder) if getattr(encoder, "folder", None) else {},
             created=base.created if base else "", index=entry,
         )
 
-    def roll(w: IndexWriter) -> IndexWriter:
+    def roll(self, w: IndexWriter) -> IndexWriter:
         """Publish w's new segment as it is (flat: the run's segments are merged, and indexed as
         their size asks, at its end) and go on with a new writer."""
         from semsearch.store.merge import build_vectors
 
+        vs, base = self.vs, self.base
         req = vs.index_type if vs.index_type != "auto" else (base.index["type"] if base is not None and base.index.get("forced") else "auto")
-        w.vectors, entry = build_vectors(w.new_vecs, encoder.out_dim, "flat", w.docs.new.counts()["chunks"], vs.target_recall,
+        w.vectors, entry = build_vectors(w.new_vecs, self.encoder.out_dim, "flat", w.docs.new.counts()["chunks"], vs.target_recall,
                                          current=w.vectors)
         entry["forced"] = req != "auto"
         if entry["forced"]:
             entry["requested"] = req
         _keep_storage(entry, vs, base)  # the run's segments are stored as its end's will be
-        m = manifest_for(w, entry)
-        m.last_run = {k: v for k, v in report.as_dict().items() if k not in ("totals", "index")}
+        m = self.manifest_for(w, entry)
+        m.last_run = {k: v for k, v in self.report.as_dict().items() if k not in ("totals", "index")}
         m.last_run.update(at=now(), partial=True)
         w.commit(m, merge="none", rolled=True)
-        if cache is not None:  # its files are published: a run resumed after this one skips them
-            cache.forget()
+        if self.cache is not None:  # its files are published: a run resumed after this one skips them
+            self.cache.forget()
         log.info("published %d chunks so far as a segment", m.counts["chunks"])
-        holder[0] = IndexWriter(folder, encoder.out_dim, Manifest.load(folder))
-        return holder[0]
+        self.writer = IndexWriter(self.folder, self.encoder.out_dim, Manifest.load(self.folder))
+        return self.writer
 
-    try:
-        cache = None if keep_states else ResumeCache(folder, encoder_key(encoder))
-        new_head = _new_head(base, encoder)
-        if new_head is not None and base is not None:  # before any re-pooling or encoding
-            _check_head_corpus(new_head, writer, force)
-        if needs_repool:
+    def start(self) -> str | None:
+        """Open the resume cache, check a head new to an index against its documents and re-pool
+        where the pooling changed, all before any encoding; gives back the new head's folder."""
+        from semsearch.store.resume import ResumeCache, encoder_key
+
+        self.cache = None if self.keep_states else ResumeCache(self.folder, encoder_key(self.encoder))
+        new_head = _new_head(self.base, self.encoder)
+        if new_head is not None and self.base is not None:  # before any re-pooling or encoding
+            _check_head_corpus(new_head, self.writer, self.force)
+        if self.needs_repool:
             t = time.perf_counter()
-            report.repooled = repool(writer, encoder)
-            report.repool_seconds = round(time.perf_counter() - t, 2)
+            self.report.repooled = repool(self.writer, self.encoder)
+            self.report.repool_seconds = round(time.perf_counter() - t, 2)
+        return new_head
+
+    def write(self, files, root: Path, read: ReadOptions, progress, flush_chunks: int, checksum: bool, engine,
+              segment_chunks: int | None) -> None:
+        """The walked files into the index: streamed in this process (rolling segments as it goes,
+        except in a re-pooling run), or read, chunked and encoded by `engine`."""
         if engine is None:
-            _update(writer, found.files, corpus.resolve(), encoder, chunking, read, report, progress, flush_chunks, keep_states,
-                    cache, checksum, roll if segment_chunks and not needs_repool else None, segment_chunks or 0)
-            writer = holder[0]
+            _update(self.writer, files, root, self.encoder, self.chunking, read, self.report, progress, flush_chunks,
+                    self.keep_states, self.cache, checksum, self.roll if segment_chunks and not self.needs_repool else None,
+                    segment_chunks or 0)
         else:
             from semsearch.engines.build import update_with_engine
 
-            report.engine = update_with_engine(writer, found.files, corpus.resolve(), encoder, chunking, read, report, keep_states,
-                                               engine, vectors)
-        report.resumed = cache.reused if cache else 0
-        if new_head is not None and base is None:  # a new index: its documents are known now
-            _check_head_corpus(new_head, writer, force)
-        index_entry = finalize_vectors(writer, encoder.out_dim, vs, base)
+            self.report.engine = update_with_engine(self.writer, files, root, self.encoder, self.chunking, read, self.report,
+                                                    self.keep_states, engine, self.vectors)
+        self.report.resumed = self.cache.reused if self.cache else 0
+
+    def finish(self, new_head: str | None, t0: float) -> None:
+        """Check a head new to a new index against its documents, build the vector index and
+        publish, the segments this run published as it went merged into one."""
+        writer = self.writer
+        if new_head is not None and self.base is None:  # a new index: its documents are known now
+            _check_head_corpus(new_head, writer, self.force)
+        index_entry = finalize_vectors(writer, self.encoder.out_dim, self.vs, self.base)
         counts = writer.docs.counts()
-        manifest = manifest_for(writer, index_entry)
-        report.totals = counts
-        report.seconds = time.perf_counter() - t0
-        manifest.last_run = {k: v for k, v in report.as_dict().items() if k not in ("totals", "index")}
+        manifest = self.manifest_for(writer, index_entry)
+        self.report.totals = counts
+        self.report.seconds = time.perf_counter() - t0
+        manifest.last_run = {k: v for k, v in self.report.as_dict().items() if k not in ("totals", "index")}
         manifest.last_run["at"] = now()
         writer.commit(manifest, merge="run")  # the segments this run published as it went become one
-    except BaseException as e:
-        if cache is not None:
-            cache.close()  # kept: the next run takes the vectors embedded so far from it
-        holder[0].abort()
-        if isinstance(e, (sqlite3.DatabaseError, UnicodeDecodeError)) and base is not None:  # a docstore had damage its checks did not reach
-            raise damaged(folder, base.files.get("docs", "docs"), f"damaged ({e})") from e
-        raise
-    if cache is not None:
-        cache.drop()
-    return report
+
+    def abort(self) -> None:
+        """After a failure: keep the resume cache (the next run takes the vectors embedded so far
+        from it) and remove what the current writer wrote."""
+        if self.cache is not None:
+            self.cache.close()
+        self.writer.abort()
 
 
 def _nothing_to_do(folder: Path, base: Manifest, files, root: Path, encoder, vectors: VectorSettings | None,
@@ -445,28 +489,9 @@ def _update(writer, files, root, encoder, chunking, read, report, progress, flus
     """Walked files into the writer's new segment. `roll(writer) -> writer` publishes what is
     written so far and gives the writer to go on with, called between files once the new
     segment holds `segment_chunks` chunks."""
-    store = writer.docs
-    written = [0]  # chunks in the new segment since the last roll
-    stored = store.files()
+    stored = writer.docs.files()
     seen: set[str] = set()
-    pending: list[ChunkRow] = []
-
-    def flush() -> None:
-        if pending:
-            texts = [embedding_text(c.context, c.text) for c in pending]  # a chunk's titles, then its text
-            if keep_states:
-                vecs, states = encoder.encode_with_states(texts, progress=False)
-                for c, st, tb in zip(pending, states, token_table(encoder, texts)):
-                    c.state = writer.append_states(st, tb)
-            elif cache is not None:
-                vecs = cache.encode(encoder, texts)
-            else:
-                vecs = encoder.encode(texts, progress=False)
-            writer.vectors.add(store.add_chunks(pending, vecs), vecs)
-            report.chunks += len(pending)
-            written[0] += len(pending)
-            pending.clear()
-
+    up = _Updating(writer, encoder, chunking, read, report, flush_chunks, keep_states, cache)
     bar = progress_bar(sum(f.size for f in files), "indexing", "B", progress, unit_scale=True)
     for f in files:
         key = str(f.path)
@@ -476,16 +501,66 @@ def _update(writer, files, root, encoder, chunking, read, report, progress, flus
             report.unchanged += 1  # same size, times and inode (as git checks): trust it without hashing
             bar.update(f.size)
             continue
+        if not up.add_file(f, old, bar):
+            continue
+        if roll is not None and up.written + len(up.pending) >= segment_chunks:
+            up.flush()  # a file's chunks and its record stay in one segment: publish between files
+            up.rolled(roll(up.writer))
+    up.flush()
+    bar.close()
+    drop_gone(up.writer, stored, seen, root, report)  # files under this corpus root that are gone
+
+
+class _Updating:
+    """What _update shares between files: the current writer (a roll gives a new one), the chunks
+    read but not embedded yet (`pending`, embedded `flush_chunks` at a time) and the number of
+    chunks the new segment got since the last roll (`written`)."""
+
+    def __init__(self, writer, encoder, chunking, read, report, flush_chunks, keep_states, cache):
+        self.encoder, self.chunking, self.read, self.report = encoder, chunking, read, report
+        self.flush_chunks, self.keep_states, self.cache = flush_chunks, keep_states, cache
+        self.writer, self.store = writer, writer.docs
+        self.written = 0
+        self.pending: list[ChunkRow] = []
+
+    def rolled(self, writer) -> None:
+        """Go on with the writer a roll gave: a new segment, empty."""
+        self.writer, self.store = writer, writer.docs
+        self.written = 0
+
+    def flush(self) -> None:
+        """Embed the pending chunks and add them, with their vectors, to the new segment."""
+        pending, encoder, writer = self.pending, self.encoder, self.writer
+        if pending:
+            texts = [embedding_text(c.context, c.text) for c in pending]  # a chunk's titles, then its text
+            if self.keep_states:
+                vecs, states = encoder.encode_with_states(texts, progress=False)
+                for c, st, tb in zip(pending, states, token_table(encoder, texts)):
+                    c.state = writer.append_states(st, tb)
+            elif self.cache is not None:
+                vecs = self.cache.encode(encoder, texts)
+            else:
+                vecs = encoder.encode(texts, progress=False)
+            writer.vectors.add(self.store.add_chunks(pending, vecs), vecs)
+            self.report.chunks += len(pending)
+            self.written += len(pending)
+            pending.clear()
+
+    def add_file(self, f, old: StoredFile | None, bar) -> bool:
+        """A file whose stat differs from its record, or that `checksum` hashes: only touched where
+        its hash is the same, else read into the new segment (or skipped, as the reading options
+        say); gives back whether its documents were added."""
+        report = self.report
         try:
             digest = file_hash(f.path)
         except OSError as e:
             digest = None
             unreadable: Exception = Skip(f"unreadable ({e.strerror})")
         if old is not None and old.hash == digest:
-            store.touch_file(old.id, f.size, f.mtime_ns, f.ctime_ns, f.inode)
+            self.store.touch_file(old.id, f.size, f.mtime_ns, f.ctime_ns, f.inode)
             report.unchanged += 1
             bar.update(f.size)
-            continue
+            return False
         # Stream the file's documents: the first one is read before the file is registered, so a
         # file skipped as unreadable (checked up front by the readers) leaves nothing behind.
         done = 0
@@ -495,53 +570,53 @@ def _update(writer, files, root, encoder, chunking, read, report, progress, flus
             done += n
             bar.update(n)
 
-        docs = file_chunks(f.path, encoder.token_offsets, chunking, read, on_bytes)
+        docs = file_chunks(f.path, self.encoder.token_offsets, self.chunking, self.read, on_bytes)
         try:
             if digest is None:
                 raise unreadable
             first = next(docs, None)
         except (Skip, CorpusError) as e:
-            if isinstance(e, CorpusError) and not read.skip_errors:
+            if isinstance(e, CorpusError) and not self.read.skip_errors:
                 raise
             _skip_file(f.path, e, report)
             if old is not None:  # its indexed text no longer matches the file: drop it
-                drop_file(writer, old, report)
+                drop_file(self.writer, old, report)
             bar.update(f.size - done)
-            continue
-        file_id = replace_file(writer, f, old, digest, report)
+            return False
+        file_id = replace_file(self.writer, f, old, digest, report)
+        added = self._add_documents(f, old, file_id, itertools.chain([first] if first is not None else [], docs))
+        bar.update(f.size - done)
+        return added
+
+    def _add_documents(self, f, old: StoredFile | None, file_id: int, docs) -> bool:
+        """A registered file's documents, (number, chunk rows) each, into the pending chunks;
+        where one fails past the first, the file goes with what it had added (an error unless
+        the reading options skip it). Gives back whether they were added."""
+        report = self.report
         doc_numbers: set[int] = set()
         try:
-            for n, rows in itertools.chain([first] if first is not None else [], docs):
+            for n, rows in docs:
                 doc_numbers.add(n)
                 for r in rows:
                     r.file_id = file_id
-                    pending.append(r)
-                if len(pending) >= flush_chunks:
-                    flush()
+                    self.pending.append(r)
+                if len(self.pending) >= self.flush_chunks:
+                    self.flush()
         except (Skip, CorpusError) as e:  # an error past the first document (a bad line, a damaged row group)
-            if not read.skip_errors:
+            if not self.read.skip_errors:
                 raise e if isinstance(e, CorpusError) else CorpusError(f"{f.path}: {e}") from e
-            pending[:] = [r for r in pending if r.file_id != file_id]  # the file goes, with what it had added
-            writer.vectors.remove(store.remove_file(file_id))
+            self.pending[:] = [r for r in self.pending if r.file_id != file_id]  # the file goes, with what it had added
+            self.writer.vectors.remove(self.store.remove_file(file_id))
             _skip_file(f.path, e, report)
             if old is None:
                 report.added -= 1
             else:
                 report.updated -= 1
                 report.removed += 1
-            bar.update(f.size - done)
-            continue
-        store.set_documents(file_id, len(doc_numbers))
+            return False
+        self.store.set_documents(file_id, len(doc_numbers))
         report.documents += len(doc_numbers)
-        bar.update(f.size - done)
-        if roll is not None and written[0] + len(pending) >= segment_chunks:
-            flush()  # a file's chunks and its record stay in one segment: publish between files
-            writer = roll(writer)
-            store = writer.docs
-            written[0] = 0
-    flush()
-    bar.close()
-    drop_gone(writer, stored, seen, root, report)  # files under this corpus root that are gone
+        return True
 
 
 # What the user chose to leave out is listed after what semsearch could not read.

@@ -368,56 +368,18 @@ class IndexWriter:
         new_states = sorted(self.new_docs.state_files())
         next_chunk = max([self.next_ids["chunk"], _seq(self.new_docs, "chunks") + 1] + [e["max_id"] + 1 for e in self.extra if e["max_id"] is not None])
         next_file = max(self.next_ids["file"], _seq(self.new_docs, "files") + 1)
-        written: list[str] = []
-        entries: list[dict] = []
-        for b in self.base_segments:
-            if b.dropped:
-                continue
-            e = b.entry
-            if b.changed:
-                if e["live"] <= 0 and e["files"] <= 0:
-                    continue  # everything in it is deleted: the segment goes
-                name = f"del.{e['id']}.{self.gen}.bin"
-                b.dead.save(self.folder / name)
-                fsync_file(self.folder / name)
-                written.append(name)
-                rec = dict((e.get("integrity") or {"files": {}, "ntotal": e["rows"]}))
-                files = {k: v for k, v in (rec.get("files") or {}).items() if k != e.get("deletes")}
-                files[name] = integrity.file_record(self.folder / name)
-                rec["files"] = files
-                e["deletes"], e["integrity"] = name, rec
-            entries.append(e)
+        entries = self._kept_entries()
         seg_index = dict(manifest.index or {"type": "flat"})
         tail: list[dict] = list(self.extra)
-        if new_counts["chunks"] or new_counts["files"]:
-            if len(self.new_vecs) != new_counts["chunks"]:
-                raise RuntimeError(f"the new segment holds {new_counts['chunks']} chunks but {len(self.new_vecs)} vectors")
-            self.new_docs.write_lexical(self.carried)
-            self.new_docs.commit()
-            ids, vecs = self.new_vecs.arrays()
-            # a fast-scan segment's rows list by list (store/merge.py: order_by_lists)
-            order = vecfile.list_order(ids, self.vectors.lists()) if self.vectors.external_refine and len(ids) else None
-            vecfile.write(self.folder / vecfile.file_name(self.seg_id), ids, vecs, seg_index.get("storage"), order)
-            del ids, vecs
-            self.vectors.save(self.folder / self.vectors_file, vectors_elsewhere=True)
-            for name in (self.docs_file, self.vectors_file):
-                fsync_file(self.folder / name)
-            tail.append(segment_entry(self.folder, self.seg_id, self.new_docs, self.vectors,
-                                      {k: v for k, v in seg_index.items() if k not in ("forced", "requested")}, new_states,
-                                      rolled=rolled))
-            self.new_docs.close()
-        else:
-            self.new_docs.close()
+        new_entry = self._write_new_segment(new_counts, new_states, seg_index, rolled)
+        if new_entry is not None:
+            tail.append(new_entry)
         # Segments hold increasing id ranges in list order: the new ones sort by their first id.
         entries += sorted(tail, key=lambda e: (e["min_id"] is None, e["min_id"] or 0))
         next_segment = self._next_segment
         if merge != "none":
-            tail = 0
-            if merge == "run":
-                while tail < len(entries) and (entries[-1 - tail].get("rolled") or entries[-1 - tail]["id"] == self.seg_id):
-                    tail += 1
             entries, next_segment = merge_.apply(self.folder, entries, self.dim, manifest, next_segment,
-                                                 everything=merge == "all", tail=tail)
+                                                 everything=merge == "all", tail=self._run_tail(entries) if merge == "run" else 0)
         fsync_dir(self.folder)  # the data files' names are durable before the manifest names them
         manifest.segments = entries
         manifest.next_ids = {"chunk": next_chunk, "file": next_file, "segment": next_segment}
@@ -432,6 +394,62 @@ class IndexWriter:
         self._clean(keep=manifest.data_files())
         self._clean_states(entries)
         self._release()
+
+    def _kept_entries(self) -> list[dict]:
+        """The entries of the published segments this write keeps, a changed one with its new
+        tombstones written (durably) and recorded; a segment whose every chunk and file is
+        deleted goes."""
+        entries: list[dict] = []
+        for b in self.base_segments:
+            if b.dropped:
+                continue
+            e = b.entry
+            if b.changed:
+                if e["live"] <= 0 and e["files"] <= 0:
+                    continue  # everything in it is deleted: the segment goes
+                name = f"del.{e['id']}.{self.gen}.bin"
+                b.dead.save(self.folder / name)
+                fsync_file(self.folder / name)
+                rec = dict((e.get("integrity") or {"files": {}, "ntotal": e["rows"]}))
+                files = {k: v for k, v in (rec.get("files") or {}).items() if k != e.get("deletes")}
+                files[name] = integrity.file_record(self.folder / name)
+                rec["files"] = files
+                e["deletes"], e["integrity"] = name, rec
+            entries.append(e)
+        return entries
+
+    def _write_new_segment(self, new_counts: dict, new_states: list[str], seg_index: dict, rolled: bool) -> dict | None:
+        """Write the new segment's files (its docstore with its lexical terms, full vectors and
+        vector index), durably, and close its docstore; gives back its entry, None where it is
+        empty."""
+        if new_counts["chunks"] or new_counts["files"]:
+            if len(self.new_vecs) != new_counts["chunks"]:
+                raise RuntimeError(f"the new segment holds {new_counts['chunks']} chunks but {len(self.new_vecs)} vectors")
+            self.new_docs.write_lexical(self.carried)
+            self.new_docs.commit()
+            ids, vecs = self.new_vecs.arrays()
+            # a fast-scan segment's rows list by list (store/merge.py: order_by_lists)
+            order = vecfile.list_order(ids, self.vectors.lists()) if self.vectors.external_refine and len(ids) else None
+            vecfile.write(self.folder / vecfile.file_name(self.seg_id), ids, vecs, seg_index.get("storage"), order)
+            del ids, vecs
+            self.vectors.save(self.folder / self.vectors_file, vectors_elsewhere=True)
+            for name in (self.docs_file, self.vectors_file):
+                fsync_file(self.folder / name)
+            entry = segment_entry(self.folder, self.seg_id, self.new_docs, self.vectors,
+                                  {k: v for k, v in seg_index.items() if k not in ("forced", "requested")}, new_states,
+                                  rolled=rolled)
+            self.new_docs.close()
+            return entry
+        self.new_docs.close()
+        return None
+
+    def _run_tail(self, entries: list[dict]) -> int:
+        """How many segments end the list that a long run published as it went (rolled), this
+        write's new one included: what merge 'run' merges first."""
+        tail = 0
+        while tail < len(entries) and (entries[-1 - tail].get("rolled") or entries[-1 - tail]["id"] == self.seg_id):
+            tail += 1
+        return tail
 
     def _clean_states(self, entries: list[dict]) -> None:
         states = self.folder / "states"

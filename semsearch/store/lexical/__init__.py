@@ -31,7 +31,6 @@ from semsearch.store.lexical import writing
 from semsearch.store.lexical.analysis import (
     ANALYZER, QUESTION_WORDS, STOPWORDS, terms, encode_terms, decode_terms, counted,
 )
-from semsearch.store.lexical.analysis import _term  # noqa: F401 - explain.py's word look-up
 from semsearch.store.lexical.postings import (
     BLOCK, Postings, ARRAYS, DTYPES, has_terms, add_columns, invert, FILE_MAGIC, FILE_MAGIC_1, TF_ESCAPE, KEPT, WHOLE_AT,
     PackedPostings, open_file, release, file_name, load,
