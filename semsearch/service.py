@@ -13,6 +13,7 @@ Blocking calls: the servers run them on worker threads, never on their event loo
 """
 from __future__ import annotations
 
+import errno
 import inspect
 import logging
 import os
@@ -146,32 +147,37 @@ class SerialEncoder:
             return self._enc.encode_with_states(texts, progress=progress)
 
 
-class Service:
-    """The server's state: the current generation's Retriever, the shared encoder, the writer."""
+class _Published:
+    """What a server holds of an index, whatever serves its searches: the folder, the newest
+    published generation (one stat per request tells whether a newer one exists), the shared
+    serial encoder, and single-writer writes. Subclasses open a generation (`_open`) and search it."""
 
-    def __init__(self, index: str | os.PathLike | None = None, device: str = "auto", encoder=None):
-        from semsearch.search import Retriever
+    encoder: SerialEncoder
+
+    def __init__(self, index: str | os.PathLike | None, device: str):
         from semsearch.store.folder import index_path
 
         self.folder = index_path(index)
         self.shown = shown_path(self.folder)  # what clients see of it
         self.scrub = Scrubber(self.folder)
         self.device = device
-        stamp = manifest_stamp(self.folder)  # before the load: a generation published during it is newer
-        r = Retriever.load(self.folder, device=device, encoder=encoder)
-        self.encoder = r.encoder = SerialEncoder(r.encoder)
-        self._current = r
-        self._stamp = stamp
         self._reload_lock = threading.Lock()
-        params = inspect.signature(Retriever.search_batch).parameters
-        self.supports = {name: name in params for name in ("mode", "where")}
+        self._stamp = manifest_stamp(self.folder)  # before the first load: a generation published during it is newer
+        self._current: Any = None
+
+    def _open(self):
+        """What searches of the newest generation read (IndexFormatError while a writer replaces it)."""
+        raise NotImplementedError
 
     def _manifest_stamp(self):
-        st = os.stat(self.folder / "manifest.json")  # OSError where the index is gone
-        return st.st_ino, st.st_size, st.st_mtime_ns  # as store.files.manifest_stamp
+        """store.files.manifest_stamp, or FileNotFoundError where the index is gone."""
+        stamp = manifest_stamp(self.folder)
+        if stamp is None:
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(self.folder / "manifest.json"))
+        return stamp
 
     def retriever(self):
-        """The Retriever of the newest published generation (a stat when nothing changed)."""
+        """The state of the newest published generation (a stat when nothing changed)."""
         try:
             stamp = self._manifest_stamp()
         except OSError as e:
@@ -183,35 +189,21 @@ class Service:
         return self._current
 
     def current_if_fresh(self):
-        """The current Retriever if no newer generation was published (one stat), else None:
-        for handlers that must not load an index on the event loop."""
-        try:
-            return self._current if self._manifest_stamp() == self._stamp else None
-        except OSError:
-            return None
+        """The current state if no newer generation was published (one stat), else None: for
+        handlers that must not load an index on the event loop."""
+        return self._current if manifest_stamp(self.folder) == self._stamp else None
 
     def _reload(self, stamp) -> None:
-        from semsearch.search import Retriever
-
         for attempt in range(3):  # another process may publish again while we open the files
             try:
-                r = Retriever.load(self.folder, device=self.device, encoder=self.encoder)
+                current = self._open()
                 break
             except IndexFormatError:
                 if attempt == 2:
                     raise
                 stamp = self._manifest_stamp()
-        self._current = r  # the old one closes when its last request lets go of it
+        self._current = current  # the old one closes when its last request lets go of it
         self._stamp = stamp
-
-    # ---- operations (blocking; the app runs them on worker threads) -----------------------
-    def search(self, queries: list[str], k: int, mode: str | None, where: dict | None, explain: bool = False):
-        from semsearch.integrations.common import search_kwargs
-
-        r = self.retriever()
-        # The generation the hits came from: the Retriever may open a newer one than the one
-        # this call found (it refreshes on its own), so the label is read from the search itself.
-        return r.search_at(queries, k, explain=explain, **search_kwargs(r, mode, where))
 
     def embed(self, texts: list[str], input_type: str = "document") -> np.ndarray:
         """Vectors of texts as documents, or as queries ("query": through the index's trained
@@ -241,6 +233,35 @@ class Service:
             report = delete_documents(self.folder, ids)
             self.retriever()
         return report
+
+
+class Service(_Published):
+    """The server's state for an index searched in this process: the current generation's
+    Retriever, the shared encoder, the writer."""
+
+    def __init__(self, index: str | os.PathLike | None = None, device: str = "auto", encoder=None):
+        from semsearch.search import Retriever
+
+        super().__init__(index, device)
+        r = Retriever.load(self.folder, device=device, encoder=encoder)
+        self.encoder = r.encoder = SerialEncoder(r.encoder)
+        self._current = r
+        params = inspect.signature(Retriever.search_batch).parameters
+        self.supports = {name: name in params for name in ("mode", "where")}
+
+    def _open(self):
+        from semsearch.search import Retriever
+
+        return Retriever.load(self.folder, device=self.device, encoder=self.encoder)
+
+    # ---- operations (blocking; the app runs them on worker threads) -----------------------
+    def search(self, queries: list[str], k: int, mode: str | None, where: dict | None, explain: bool = False):
+        from semsearch.integrations.common import search_kwargs
+
+        r = self.retriever()
+        # The generation the hits came from: the Retriever may open a newer one than the one
+        # this call found (it refreshes on its own), so the label is read from the search itself.
+        return r.search_at(queries, k, explain=explain, **search_kwargs(r, mode, where))
 
 
 def public_model(m) -> str:
@@ -584,38 +605,29 @@ class _ShardedView:
         return int(self.manifest.counts.get("chunks", 0))
 
 
-class ShardedService(Service):
-    """A Service whose searches fan out to the shards of the index (semsearch/shards.py) through
-    `fanout` (local Shard objects, or Ray Serve deployments: semsearch/serve_ray.py): the router
-    holds the query encoder and the manifest, the shards hold the vectors and postings. Writes
-    stay single-writer: this process publishes a new generation as `Service` does, and the shards
-    open it when a search names it."""
+class ShardedService(_Published):
+    """The server's state for an index whose searches fan out to its shards (semsearch/shards.py)
+    through `fanout` (local Shard objects, or Ray Serve deployments: semsearch/serve_ray.py): the
+    router holds the query encoder and the manifest, the shards hold the vectors and postings.
+    Writes stay single-writer: this process publishes a new generation as `Service` does, and
+    the shards open it when a search names it."""
 
     def __init__(self, index: str | os.PathLike | None, fanout, device: str = "auto", encoder=None):
         from semsearch.search import _query_encoder
         from semsearch.shards import ShardedSearch
-        from semsearch.store.folder import index_path
-        from semsearch.store.manifest import Manifest
 
-        self.folder = index_path(index)
-        self.shown = shown_path(self.folder)
-        self.scrub = Scrubber(self.folder)
-        self.device = device
+        super().__init__(index, device)
         self.fanout = fanout
-        stamp = manifest_stamp(self.folder)  # before the manifest is read, as in Service
-        m = Manifest.load(self.folder)
+        self._current = self._open()
+        m = self._current.manifest
         self.encoder = SerialEncoder(encoder if encoder is not None else _query_encoder(self.folder, m, None, device, False))
         self.router = ShardedSearch(self.folder, fanout, self.encoder)
-        self._reload_lock = threading.Lock()
-        self._current = _ShardedView(m, fanout)
-        self._stamp = stamp
         self.supports = {"mode": True, "where": True}
 
-    def _reload(self, stamp) -> None:
+    def _open(self):
         from semsearch.store.manifest import Manifest
 
-        self._current = _ShardedView(Manifest.load(self.folder), self.fanout)
-        self._stamp = stamp
+        return _ShardedView(Manifest.load(self.folder), self.fanout)
 
     def search(self, queries: list[str], k: int, mode: str | None, where: dict | None, explain: bool = False):
         self.retriever()  # the view follows the newest generation
