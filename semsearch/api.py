@@ -127,69 +127,113 @@ def evaluate(
     >>> sorted(row["pooling"] for row in rep["results"])
     ['cls', 'mean']
     """
-    from semsearch import eval as ev
     from semsearch.indexing import encoder_for_index
 
+    cutoffs = _eval_cutoffs(k)
+    if dataset is None and pairs is None:
+        raise InputError("give a BEIR dataset folder, or --pairs FILE")
+    if index is not None:
+        return _evaluate_index(dataset, split, index, cutoffs, max_queries=max_queries, max_docs=max_docs, device=device,
+                               modes=modes, fusion=fusion, alpha=alpha)
+    data, share = _eval_dataset(dataset, split, head, force, max_queries, max_docs)
+    enc = encoder_for_index(None, model, None, Path(head) if head is not None else None, device, precision, max_length)
+    names = list(pooling or ["mean"]) + (["head"] if head is not None else [])
+    report: dict[str, Any] = {}
+    notes: list[str] = []
+    if data is not None:
+        report = _beir_report(data, enc, names, cutoffs, head, split, share, notes, progress=progress, modes=modes,
+                              fusion=fusion, alpha=alpha, per_query=per_query)
+    if pairs is not None:
+        report = _add_pair_rows(report, pairs, pair_columns, enc, names)
+    report["notes"] = notes
+    return report
+
+
+def _eval_cutoffs(k: Sequence[int]) -> list[int]:
+    """The distinct cutoffs of k, ascending; InputError where there is none or one is below 1."""
     cutoffs = sorted({int(x) for x in k})
     if not cutoffs or min(cutoffs) < 1:
         raise InputError(f"cutoffs must be positive integers, got {list(k)}")
-    if dataset is None and pairs is None:
-        raise InputError("give a BEIR dataset folder, or --pairs FILE")
+    return cutoffs
 
-    def subset(data):
-        return data.subset(max_queries, max_docs) if (max_queries or max_docs) else data
 
-    if index is not None:
-        from semsearch.search import Retriever
+def _eval_subset(data, max_queries: int | None, max_docs: int | None):
+    """The dataset cut to max_queries queries and max_docs documents, where either is given."""
+    return data.subset(max_queries, max_docs) if (max_queries or max_docs) else data
 
-        if dataset is None:
-            raise InputError("--index needs a BEIR dataset folder to evaluate against")
-        data = subset(ev.load_beir(Path(dataset), split))
-        r = Retriever.load(index, device=device)
-        try:
-            # An index is evaluated as built in every mode it offers, unless modes are named.
-            every = ["dense", "lexical", "hybrid"] if r.default_mode == "hybrid" else ["dense"]
-            notes: list[str] = []
-            subsets = None
-            if r.manifest.head and Path(r.manifest.head["path"]).is_dir():  # rows for the documents it never trained on
-                subsets = _unseen_subsets(r.manifest.head["path"], data.qrels, split, notes)
-            report = ev.evaluate_index(data, r, cutoffs, modes=list(modes or every), fusion=fusion, alpha=alpha,
-                                       subsets=subsets).to_dict()
-            report["notes"] = notes
-            return report
-        finally:
-            r.close()
+
+def _evaluate_index(dataset: str | os.PathLike | None, split: str, index: str | os.PathLike, cutoffs: list[int], *,
+                    max_queries: int | None, max_docs: int | None, device: str, modes: Sequence[str] | None, fusion: str,
+                    alpha: float | None) -> dict[str, Any]:
+    """evaluate's report on an index as built, with unseen-document rows where its head records its documents."""
+    from semsearch import eval as ev
+    from semsearch.search import Retriever
+
+    if dataset is None:
+        raise InputError("--index needs a BEIR dataset folder to evaluate against")
+    data = _eval_subset(ev.load_beir(Path(dataset), split), max_queries, max_docs)
+    r = Retriever.load(index, device=device)
+    try:
+        # An index is evaluated as built in every mode it offers, unless modes are named.
+        every = ["dense", "lexical", "hybrid"] if r.default_mode == "hybrid" else ["dense"]
+        notes: list[str] = []
+        subsets = None
+        if r.manifest.head and Path(r.manifest.head["path"]).is_dir():  # rows for the documents it never trained on
+            subsets = _unseen_subsets(r.manifest.head["path"], data.qrels, split, notes)
+        report = ev.evaluate_index(data, r, cutoffs, modes=list(modes or every), fusion=fusion, alpha=alpha,
+                                   subsets=subsets).to_dict()
+        report["notes"] = notes
+        return report
+    finally:
+        r.close()
+
+
+def _eval_dataset(dataset: str | os.PathLike | None, split: str, head: str | os.PathLike | None, force: bool,
+                  max_queries: int | None, max_docs: int | None) -> tuple[Any, float | None]:
+    """(the BEIR dataset, cut as asked; the share of the head's training documents in its corpus), None where not given."""
+    from semsearch import eval as ev
+
     data = share = None
     if dataset is not None:
         full = ev.load_beir(Path(dataset), split)  # before the model loads: a bad folder fails fast
         if head is not None:  # the whole corpus, not a --max-docs cut of it
             share = _check_eval_head(Path(head), full, force)
-        data = subset(full)
-    enc = encoder_for_index(None, model, None, Path(head) if head is not None else None, device, precision, max_length)
-    names = list(pooling or ["mean"]) + (["head"] if head is not None else [])
-    report: dict[str, Any] = {}
-    notes = []
-    if data is not None:
-        subsets = _unseen_subsets(head, data.qrels, split, notes) if head is not None else None
-        report = ev.evaluate_beir(data, enc, names, cutoffs, progress=progress, modes=list(modes or ["dense"]),
-                                  fusion=fusion, alpha=alpha, per_query=per_query, subsets=subsets).to_dict()
-        if share is not None:
-            report["settings"]["head_corpus_share"] = round(share, 3)
-    if pairs is not None:
-        import time
+        data = _eval_subset(full, max_queries, max_docs)
+    return data, share
 
-        t0 = time.perf_counter()
-        cols = list(pair_columns) if pair_columns else None
-        rows = ev.evaluate_pairs(Path(pairs), enc, names, cols)
-        settings = ev.encoder_settings(enc)
-        if not report:  # pairs alone: the same layout as a retrieval report
-            report = {"dataset": str(pairs), "split": None, "results": [], "settings": settings,
-                      "seconds": {"total": round(time.perf_counter() - t0, 2)}}
-        report["results"] = report["results"] + rows
-        report["pairs_file"] = str(pairs)
-        # The earlier layout of pair rows, kept as an alias for existing readers of `pairs.results`.
-        report["pairs"] = {"file": str(pairs), "results": rows, "settings": settings}
-    report["notes"] = notes
+
+def _beir_report(data, enc, names: list[str], cutoffs: list[int], head: str | os.PathLike | None, split: str,
+                 share: float | None, notes: list[str], *, progress: bool | None, modes: Sequence[str] | None, fusion: str,
+                 alpha: float | None, per_query: bool) -> dict[str, Any]:
+    """evaluate's report on a BEIR dataset by exact search, with unseen-document rows for a head."""
+    from semsearch import eval as ev
+
+    subsets = _unseen_subsets(head, data.qrels, split, notes) if head is not None else None
+    report = ev.evaluate_beir(data, enc, names, cutoffs, progress=progress, modes=list(modes or ["dense"]),
+                              fusion=fusion, alpha=alpha, per_query=per_query, subsets=subsets).to_dict()
+    if share is not None:
+        report["settings"]["head_corpus_share"] = round(share, 3)
+    return report
+
+
+def _add_pair_rows(report: dict[str, Any], pairs: str | os.PathLike, pair_columns: Sequence[str] | None, enc,
+                   names: list[str]) -> dict[str, Any]:
+    """The report with the pairs file's similarity rows added (a report of them alone where it is empty)."""
+    import time
+
+    from semsearch import eval as ev
+
+    t0 = time.perf_counter()
+    cols = list(pair_columns) if pair_columns else None
+    rows = ev.evaluate_pairs(Path(pairs), enc, names, cols)
+    settings = ev.encoder_settings(enc)
+    if not report:  # pairs alone: the same layout as a retrieval report
+        report = {"dataset": str(pairs), "split": None, "results": [], "settings": settings,
+                  "seconds": {"total": round(time.perf_counter() - t0, 2)}}
+    report["results"] = report["results"] + rows
+    report["pairs_file"] = str(pairs)
+    # The earlier layout of pair rows, kept as an alias for existing readers of `pairs.results`.
+    report["pairs"] = {"file": str(pairs), "results": rows, "settings": settings}
     return report
 
 
@@ -291,30 +335,54 @@ def train(
     >>> rep.kind, Path(rep.head["path"]).name
     ('query-layers', 'doc-example')
     """
+    _check_train_sources(beir, pairs, dev_split)
+    args = dict(beir=_as_path(beir), split=split, dev_split=dev_split, pairs=_as_path(pairs), index=_as_path(index), model=model,
+                batch_size=batch_size, positives_per_query=positives_per_query, scale=scale, dev_fraction=dev_fraction, seed=seed,
+                cache=_as_path(cache), device=device, precision=precision, progress=progress, log=log)
+    if train_layers > 0:
+        return _query_layers_report(Path(out), train_layers, pseudo_queries, epochs, patience, lr, weight_decay, force, mode,
+                                    seen_fraction, args)
+    return _pooling_head_report(Path(out), pseudo_queries, epochs, patience, lr, weight_decay, hard_negatives, neg_skip,
+                                neg_depth, symmetric, projection, force, args)
+
+
+def _check_train_sources(beir: str | os.PathLike | None, pairs: str | os.PathLike | None, dev_split: str | None) -> None:
+    """Refuse what train cannot combine: a BEIR dataset with a pairs file, or a dev split without a BEIR dataset."""
     if beir is not None and pairs is not None:
         raise InputError("give one of --beir DATASET or --pairs FILE, not both")
     if dev_split is not None and beir is None:
         raise InputError("--dev-split needs --beir")
-    out = Path(out)
-    cache = Path(cache) if cache is not None else None
-    args = dict(beir=Path(beir) if beir is not None else None, split=split, dev_split=dev_split,
-                pairs=Path(pairs) if pairs is not None else None, index=Path(index) if index is not None else None,
-                model=model, batch_size=batch_size, positives_per_query=positives_per_query, scale=scale,
-                dev_fraction=dev_fraction, seed=seed, cache=cache, device=device, precision=precision, progress=progress, log=log)
-    if train_layers > 0:
-        from semsearch.fusion import check_mode
 
-        if check_mode(mode) == "lexical":
-            raise InputError("--mode lexical: BM25 has nothing to train; give hybrid or dense")
-        res, info = _train_query_layers(out, train_layers, pseudo_queries, epochs, patience, lr, weight_decay, force, mode,
-                                        seen_fraction=seen_fraction, **args)
-        kind = "query-layers"
-        note = _forced_note(res, "the trained query layers", f"the base model ({mode})", "they were")
-    else:
-        res, info = _train_pooling_head(out, pseudo_queries, epochs, patience, lr, weight_decay, hard_negatives, neg_skip,
-                                        neg_depth, symmetric, projection, force, **args)
-        kind = "pooling"
-        note = _forced_note(res, "the head", "mean pooling", "it was")
+
+def _as_path(p: str | os.PathLike | None) -> Path | None:
+    """p as a Path; None stays None."""
+    return Path(p) if p is not None else None
+
+
+def _query_layers_report(out: Path, layers: int, pseudo_queries, epochs, patience, lr, weight_decay, force: bool, mode: str,
+                         seen_fraction: float, args: dict[str, Any]) -> TrainReport:
+    """train with train_layers > 0: the top query layers trained for a dense or hybrid mode, saved and reported."""
+    from semsearch.fusion import check_mode
+
+    if check_mode(mode) == "lexical":
+        raise InputError("--mode lexical: BM25 has nothing to train; give hybrid or dense")
+    res, info = _train_query_layers(out, layers, pseudo_queries, epochs, patience, lr, weight_decay, force, mode,
+                                    seen_fraction=seen_fraction, **args)
+    note = _forced_note(res, "the trained query layers", f"the base model ({mode})", "they were")
+    return _train_report(res, info, "query-layers", note)
+
+
+def _pooling_head_report(out: Path, pseudo_queries, epochs, patience, lr, weight_decay, hard_negatives, neg_skip, neg_depth,
+                         symmetric, projection, force: bool, args: dict[str, Any]) -> TrainReport:
+    """train with train_layers 0: an attention-pooling head trained, saved and reported."""
+    res, info = _train_pooling_head(out, pseudo_queries, epochs, patience, lr, weight_decay, hard_negatives, neg_skip,
+                                    neg_depth, symmetric, projection, force, **args)
+    note = _forced_note(res, "the head", "mean pooling", "it was")
+    return _train_report(res, info, "pooling", note)
+
+
+def _train_report(res, info: dict[str, Any], kind: str, note: str) -> TrainReport:
+    """The TrainReport of a saved result; `forced` where the note says force alone saved it."""
     return TrainReport(head=info, kind=kind, verdict=res.verdict(), improved=res.improved, history=list(res.history),
                        forced=bool(note), note=note)
 

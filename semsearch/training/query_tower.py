@@ -18,6 +18,7 @@ are what made the gain carry over to unseen documents (labels alone: about +0.5 
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import logging
 import time
@@ -412,14 +413,166 @@ def _hidden(batch: list[tuple[int, int]], positives: dict[int, set[int]], cols: 
     return rows, hide
 
 
+class _TowerFit:
+    """What one run of train_query_tower shares between its steps and dev checks: the layers, their
+    cached inputs, the fixed document vectors, (hybrid) BM25's part of the score, the base model's
+    dev figures and the best check so far."""
+
+    def __init__(self, data: PairData, tower: QueryTower, inputs: _QueryInputs, pvec: np.ndarray, pooling: str,
+                 cfg: TowerConfig, split: DevSplit):
+        """Normalise the document vectors and (hybrid) index the passages for BM25; InputError for an unknown mode."""
+        from semsearch.encoder.pooling import pool as pool_fn
+
+        self.data, self.tower, self.inputs, self.pvec, self.cfg, self.split = data, tower, inputs, pvec, cfg, split
+        self.pool = functools.partial(pool_fn, pooling)  # (states, mask) -> the encoder's pooling of them
+        docs = torch.from_numpy(np.ascontiguousarray(pvec, dtype=np.float32))
+        self.docs = F.normalize(docs, dim=-1)
+        if cfg.mode not in ("hybrid", "dense"):
+            raise InputError(f"unknown training mode {cfg.mode!r}; valid modes are: hybrid, dense")
+        self.bias = _LexicalBias(data.passages, data.queries, cfg.scale, cfg.alpha) if cfg.mode == "hybrid" else None
+        self.pnorm = self.docs.numpy()
+
+    def query_vectors(self, idx: list[int]) -> np.ndarray:
+        """Vectors of all queries, those of idx by the layers as they are (the others zero)."""
+        qv = np.zeros((len(self.data.queries), self.docs.shape[1]), np.float32)
+        if idx:
+            qv[idx] = _encode(self.tower, self.inputs, idx, self.pool)
+        return qv
+
+    def figures(self) -> dict[str, float]:
+        """The layers' dev figures: nDCG@10 of the mode trained for, and (hybrid) the dense ones as dense_*."""
+        from semsearch.training.trainer import _dev_figures
+
+        data, split = self.data, self.split  # (split.unseen is a subset of split.dev)
+        qv = self.query_vectors(split.dev)
+        out = _dev_figures(qv, self.pvec, split, data)
+        if self.bias is not None:
+            out = {f"dense_{k}": v for k, v in out.items()}
+            for k, idx in (("dev", split.dev), ("unseen", split.unseen), ("seen", split.seen)):
+                if f"dense_{k}" in out:
+                    out[k] = hybrid_ndcg10(qv, self.pnorm, idx, data.queries, self.bias.lex, data.positives, self.cfg.alpha)
+        return out
+
+    def measure_base(self) -> None:
+        """Fix BM25's part of the score (hybrid) and measure the base model: its figures, the gate and the rank."""
+        if self.bias is not None:
+            self.bias.set_ranges(_encode(self.tower, self.inputs, list(range(len(self.data.queries))), self.pool), self.pnorm)
+        self.base = base = self.figures()
+        self.gate = "unseen" if "unseen" in base else ("dev" if "dev" in base else "none")
+        # With held-out queries about trained documents too (split.seen), checks are ranked on the
+        # whole dev set, and one below the base model on the unseen-document queries is never kept:
+        # a head may help with the documents it was trained on, never at the cost of new ones.
+        self.rank = "dev" if self.gate == "unseen" and "seen" in base else self.gate
+
+    def keeps(self, figs: dict[str, float]) -> bool:
+        """Whether a check may be kept: its dense gate figure, and (ranked on all dev) its gate figure, not below the base's."""
+        # hybrid: a check counts only if the dense ranking is no worse than the base model's
+        # (dense is what the embeddings API and RAG frameworks use)
+        gate, base = self.gate, self.base
+        return (figs.get(f"dense_{gate}", 0.0) >= base.get(f"dense_{gate}", 0.0)
+                and (self.rank == gate or figs[gate] >= base[gate]))
+
+    def out_of_patience(self) -> bool:
+        """Whether cfg.patience dev checks in a row found no better one (never without a dev set)."""
+        return self.gate != "none" and self.since_best >= self.cfg.patience
+
+    def train(self, rng: np.random.Generator, progress: bool | None) -> bool:
+        """Train for up to cfg.epochs with cfg.evals_per_epoch dev checks an epoch; True where it stopped early."""
+        from semsearch.training.trainer import epoch_pairs
+
+        cfg, split, data = self.cfg, self.split, self.data
+        params = [p for p in self.tower.parameters()]
+        self.opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        n_pairs = len(epoch_pairs(split.train, data.positives, cfg.positives_per_query, np.random.default_rng(0)))
+        steps = -(-n_pairs // cfg.batch_size)
+        checks = sorted({max(0, int(round(steps * (k + 1) / cfg.evals_per_epoch)) - 1) for k in range(cfg.evals_per_epoch)})
+        bar = progress_bar(steps * cfg.epochs, "training query layers", "step", progress)
+        self.best = (-1.0, -1.0, copy.deepcopy(self.tower.state_dict()), {})
+        self.unguarded = self.best  # hybrid: the best check whatever its dense figure (what --force saves if no check kept it)
+        self.history: list[dict[str, float]] = []
+        self.since_best, stopped = 0, False
+        for epoch in range(cfg.epochs):
+            pairs = epoch_pairs(split.train, data.positives, cfg.positives_per_query, rng)
+            order = rng.permutation(len(pairs))
+            losses: list[float] = []
+            for step, s in enumerate(range(0, len(pairs), cfg.batch_size)):
+                losses.append(self.step([pairs[j] for j in order[s : s + cfg.batch_size]], rng))
+                bar.update(1)
+                if step in checks:
+                    self.check(round(epoch + (step + 1) / steps, 2), losses, bar)
+                    if self.out_of_patience():
+                        stopped = epoch < cfg.epochs - 1 or step < steps - 1  # True: checks were left
+                        break
+            if self.out_of_patience():
+                break
+        bar.close()
+        return stopped
+
+    def step(self, batch: list[tuple[int, int]], rng: np.random.Generator) -> float:
+        """One optimiser step on a batch of (query, positive) pairs; its loss."""
+        cfg, docs, tower = self.cfg, self.docs, self.tower
+        tower.train()
+        qs = [q for q, _ in batch]
+        target = torch.tensor([p for _, p in batch])
+        x, mask = self.inputs.batch(qs)
+        qv = F.normalize(self.pool(tower(x, _bias(mask, x.dtype)), mask), dim=-1)
+        if docs.shape[0] <= FULL_SOFTMAX:
+            cols, tgt = None, target
+        else:  # a sample of the corpus after the batch's positives (column r is row r's target)
+            cols = torch.cat([target, torch.from_numpy(rng.choice(docs.shape[0], SAMPLED_NEGATIVES, replace=False))])
+            tgt = torch.arange(len(batch))
+        logits = cfg.scale * qv @ (docs if cols is None else docs[cols]).T
+        # A query's other labelled positives are not its negatives: left out of its softmax.
+        rows, hide = _hidden(batch, self.data.positives, cols)
+        if rows:
+            logits = logits.index_put((torch.tensor(rows), torch.tensor(hide)), torch.tensor(float("-inf")))
+        if self.bias is not None:
+            fused = logits + self.bias.rows(qs, None if cols is None else cols.numpy(), docs.shape[0])
+            loss = cfg.mix * F.cross_entropy(fused, tgt) + (1 - cfg.mix) * F.cross_entropy(logits, tgt)
+        else:
+            loss = F.cross_entropy(logits, tgt)
+        self.opt.zero_grad()
+        loss.backward()
+        self.opt.step()
+        return float(loss.detach())
+
+    def check(self, epoch: float, losses: list[float], bar) -> None:
+        """A dev check after `epoch` epochs: its row in history, the bar and the log; the best check updated."""
+        tower, rank = self.tower, self.rank
+        tower.eval()
+        row: dict[str, float] = {"epoch": epoch, "loss": round(float(np.mean(losses)), 4)}
+        if self.gate != "none":
+            figs = self.figures()
+            row.update({f"{k}_ndcg@10": round(v, 2) for k, v in figs.items()})
+            if figs[rank] > self.unguarded[0]:
+                self.unguarded = (figs[rank], row["epoch"], copy.deepcopy(tower.state_dict()), figs)
+            if figs[rank] > self.best[0] and self.keeps(figs):
+                self.best, self.since_best = (figs[rank], row["epoch"], copy.deepcopy(tower.state_dict()), figs), 0
+            else:
+                self.since_best += 1
+        else:
+            self.best = (0.0, row["epoch"], copy.deepcopy(tower.state_dict()), {})
+        self.history.append(row)
+        bar.set_postfix_str(", ".join(f"{k} {v}" for k, v in row.items() if k != "epoch"))
+        log.info("check: %s", row)
+
+    def alpha_sweep(self) -> dict[str, float]:
+        """Hybrid dev nDCG@10 of the layers as they are by fusion weight, on the gate's dev queries."""
+        # The fusion weight the trained layers would want: recorded (in head.json's metrics), not
+        # applied. On SciFact 0.5 stayed best (docs/training.md).
+        data, split = self.data, self.split
+        qd = self.query_vectors(split.dev)
+        sweep = {f"{a:.1f}": round(hybrid_ndcg10(qd, self.pnorm, split.unseen if self.gate == "unseen" else split.dev, data.queries,
+                                                 self.bias.lex, data.positives, a), 2) for a in (0.3, 0.4, 0.5, 0.6, 0.7, 0.8)}
+        log.info("hybrid nDCG@10 on dev by alpha: %s", sweep)
+        return sweep
+
+
 def train_query_tower(data: PairData, encoder, pvec: np.ndarray, cfg: TowerConfig, split: DevSplit,
                       progress: bool | None = None, pseudo: int = 0) -> TowerResult:
     """Train the top cfg.layers layers of the query encoder so that each training query's vector
     ranks its positives first among all passages (pvec, fixed); keep the dev check with the best
     gate figure (unseen-document dev nDCG@10), stopping after cfg.patience checks without progress."""
-    from semsearch.encoder.pooling import pool as pool_fn
-    from semsearch.training.trainer import _dev_figures, epoch_pairs
-
     if encoder.backend != "native":
         raise InputError("--train-layers needs a BERT-family model on the native encoder")
     torch.manual_seed(cfg.seed)
@@ -428,126 +581,21 @@ def train_query_tower(data: PairData, encoder, pvec: np.ndarray, cfg: TowerConfi
     tower = QueryTower.from_base(encoder.model, cfg.layers)
     inputs = _QueryInputs(encoder, data.queries, tower.first, progress)
     t_frozen = time.perf_counter() - t0
-    pooling = encoder.pooling
-
-    def pool(states, mask):
-        return pool_fn(pooling, states, mask)
-
-    docs = torch.from_numpy(np.ascontiguousarray(pvec, dtype=np.float32))
-    docs = F.normalize(docs, dim=-1)
-    if cfg.mode not in ("hybrid", "dense"):
-        raise InputError(f"unknown training mode {cfg.mode!r}; valid modes are: hybrid, dense")
-    bias = _LexicalBias(data.passages, data.queries, cfg.scale, cfg.alpha) if cfg.mode == "hybrid" else None
-    pnorm = docs.numpy()
-
-    def figures() -> dict[str, float]:  # (split.unseen is a subset of split.dev)
-        qv = np.zeros((len(data.queries), docs.shape[1]), np.float32)
-        if split.dev:
-            qv[split.dev] = _encode(tower, inputs, split.dev, pool)
-        out = _dev_figures(qv, pvec, split, data)
-        if bias is not None:
-            out = {f"dense_{k}": v for k, v in out.items()}
-            for k, idx in (("dev", split.dev), ("unseen", split.unseen), ("seen", split.seen)):
-                if f"dense_{k}" in out:
-                    out[k] = hybrid_ndcg10(qv, pnorm, idx, data.queries, bias.lex, data.positives, cfg.alpha)
-        return out
-
+    fit = _TowerFit(data, tower, inputs, pvec, encoder.pooling, cfg, split)
     t1 = time.perf_counter()
-    if bias is not None:
-        bias.set_ranges(_encode(tower, inputs, list(range(len(data.queries))), pool), pnorm)
-    base = figures()
-    gate = "unseen" if "unseen" in base else ("dev" if "dev" in base else "none")
-    # With held-out queries about trained documents too (split.seen), checks are ranked on the
-    # whole dev set, and one below the base model on the unseen-document queries is never kept:
-    # a head may help with the documents it was trained on, never at the cost of new ones.
-    rank = "dev" if gate == "unseen" and "seen" in base else gate
-
-    def keeps(figs: dict[str, float]) -> bool:
-        # hybrid: a check counts only if the dense ranking is no worse than the base model's
-        # (dense is what the embeddings API and RAG frameworks use)
-        return (figs.get(f"dense_{gate}", 0.0) >= base.get(f"dense_{gate}", 0.0)
-                and (rank == gate or figs[gate] >= base[gate]))
-    params = [p for p in tower.parameters()]
-    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    n_pairs = len(epoch_pairs(split.train, data.positives, cfg.positives_per_query, np.random.default_rng(0)))
-    steps = -(-n_pairs // cfg.batch_size)
-    checks = sorted({max(0, int(round(steps * (k + 1) / cfg.evals_per_epoch)) - 1) for k in range(cfg.evals_per_epoch)})
-    bar = progress_bar(steps * cfg.epochs, "training query layers", "step", progress)
-    best = (-1.0, -1.0, copy.deepcopy(tower.state_dict()), {})
-    unguarded = best  # hybrid: the best check whatever its dense figure (what --force saves if no check kept it)
-    history: list[dict[str, float]] = []
-    since_best, stopped = 0, False
-    for epoch in range(cfg.epochs):
-        pairs = epoch_pairs(split.train, data.positives, cfg.positives_per_query, rng)
-        order = rng.permutation(len(pairs))
-        losses: list[float] = []
-        for step, s in enumerate(range(0, len(pairs), cfg.batch_size)):
-            tower.train()
-            batch = [pairs[j] for j in order[s : s + cfg.batch_size]]
-            qs = [q for q, _ in batch]
-            target = torch.tensor([p for _, p in batch])
-            x, mask = inputs.batch(qs)
-            qv = F.normalize(pool(tower(x, _bias(mask, x.dtype)), mask), dim=-1)
-            if docs.shape[0] <= FULL_SOFTMAX:
-                cols, tgt = None, target
-            else:  # a sample of the corpus after the batch's positives (column r is row r's target)
-                cols = torch.cat([target, torch.from_numpy(rng.choice(docs.shape[0], SAMPLED_NEGATIVES, replace=False))])
-                tgt = torch.arange(len(batch))
-            logits = cfg.scale * qv @ (docs if cols is None else docs[cols]).T
-            # A query's other labelled positives are not its negatives: left out of its softmax.
-            rows, hide = _hidden(batch, data.positives, cols)
-            if rows:
-                logits = logits.index_put((torch.tensor(rows), torch.tensor(hide)), torch.tensor(float("-inf")))
-            if bias is not None:
-                fused = logits + bias.rows(qs, None if cols is None else cols.numpy(), docs.shape[0])
-                loss = cfg.mix * F.cross_entropy(fused, tgt) + (1 - cfg.mix) * F.cross_entropy(logits, tgt)
-            else:
-                loss = F.cross_entropy(logits, tgt)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            losses.append(float(loss.detach()))
-            bar.update(1)
-            if step in checks:
-                tower.eval()
-                row: dict[str, float] = {"epoch": round(epoch + (step + 1) / steps, 2), "loss": round(float(np.mean(losses)), 4)}
-                if gate != "none":
-                    figs = figures()
-                    row.update({f"{k}_ndcg@10": round(v, 2) for k, v in figs.items()})
-                    if figs[rank] > unguarded[0]:
-                        unguarded = (figs[rank], row["epoch"], copy.deepcopy(tower.state_dict()), figs)
-                    if figs[rank] > best[0] and keeps(figs):
-                        best, since_best = (figs[rank], row["epoch"], copy.deepcopy(tower.state_dict()), figs), 0
-                    else:
-                        since_best += 1
-                else:
-                    best = (0.0, row["epoch"], copy.deepcopy(tower.state_dict()), {})
-                history.append(row)
-                bar.set_postfix_str(", ".join(f"{k} {v}" for k, v in row.items() if k != "epoch"))
-                log.info("check: %s", row)
-                if gate != "none" and since_best >= cfg.patience:
-                    stopped = epoch < cfg.epochs - 1 or step < steps - 1  # True: checks were left
-                    break
-        if gate != "none" and since_best >= cfg.patience:
-            break
-    bar.close()
-    improved = gate != "none" and best[0] > base[rank]
-    if not best[3] and unguarded[3]:
-        best = unguarded
+    fit.measure_base()
+    stopped = fit.train(rng, progress)
+    gate, best = fit.gate, fit.best
+    improved = gate != "none" and best[0] > fit.base[fit.rank]
+    if not best[3] and fit.unguarded[3]:
+        best = fit.unguarded
     tower.load_state_dict(best[2])
     tower.eval()
-    sweep: dict[str, float] = {}
-    if bias is not None and gate != "none":
-        # The fusion weight the trained layers would want, on the gate's dev queries: recorded (in
-        # head.json's metrics), not applied. On SciFact 0.5 stayed best (docs/training.md).
-        qd = np.zeros((len(data.queries), docs.shape[1]), np.float32)
-        qd[split.dev] = _encode(tower, inputs, split.dev, pool)
-        sweep = {f"{a:.1f}": round(hybrid_ndcg10(qd, pnorm, split.unseen if gate == "unseen" else split.dev, data.queries,
-                                                 bias.lex, data.positives, a), 2) for a in (0.3, 0.4, 0.5, 0.6, 0.7, 0.8)}
-        log.info("hybrid nDCG@10 on dev by alpha: %s", sweep)
+    sweep = fit.alpha_sweep() if fit.bias is not None and gate != "none" else {}
     tower.corpus = data.corpus  # recorded in head.json by save_tower
-    return TowerResult(tower=tower, improved=improved, split=split, gate=gate, rank=rank, base=base, best=best[3], best_epoch=best[1],
-                       stopped_early=stopped, history=history, pseudo=pseudo, mode=cfg.mode, alpha_sweep=sweep,
+    return TowerResult(tower=tower, improved=improved, split=split, gate=gate, rank=fit.rank, base=fit.base, best=best[3],
+                       best_epoch=best[1], stopped_early=stopped, history=fit.history, pseudo=pseudo, mode=cfg.mode,
+                       alpha_sweep=sweep,
                        seconds={"frozen_layers": round(t_frozen, 1), "training": round(time.perf_counter() - t1, 1)})
 
 

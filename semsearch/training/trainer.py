@@ -226,6 +226,68 @@ def make_split(data: PairData, cfg: TrainConfig, rng: np.random.Generator, seen_
     return split
 
 
+def _hard_negative_candidates(base_q: np.ndarray, base_p: np.ndarray, split: DevSplit, data: PairData,
+                              cfg: TrainConfig) -> dict[int, list[int]]:
+    """Each training query's hard-negative candidates: its given negatives, then the base ranking's other non-positives."""
+    # Hard negatives from the base ranking: skip the very top (unlabelled positives), then sample.
+    candidates: dict[int, list[int]] = {}
+    if cfg.hard_negatives > 0:
+        _, idx = exact_search(base_q[split.train], base_p, cfg.neg_depth)
+        for q, row in zip(split.train, idx):
+            ranked = [int(p) for p in row if p >= 0 and int(p) not in data.positives[q]]
+            candidates[q] = data.negatives.get(q, []) + ranked[cfg.neg_skip :]
+    return candidates
+
+
+@dataclass
+class _HeadSteps:
+    """What every optimiser step of train_head uses: the head, its optimiser, the starting point
+    weight decay pulls toward, the token states, the data and the hard-negative candidates."""
+
+    model: _Trainable
+    opt: torch.optim.Optimizer
+    start: list[torch.Tensor]
+    pstates: StateCache
+    qstates: StateCache
+    data: PairData
+    candidates: dict[int, list[int]]
+    cfg: TrainConfig
+    device: Any
+
+    def epoch(self, batches: list[list[tuple[int, int]]], rng: np.random.Generator, bar) -> list[float]:
+        """Train on one epoch's batches; each step's loss."""
+        self.model.train()
+        losses = []
+        for batch in batches:
+            losses.append(self.step(batch, rng))
+            bar.update(1)
+        return losses
+
+    def step(self, batch: list[tuple[int, int]], rng: np.random.Generator) -> float:
+        """One optimiser step on a batch and the hard negatives sampled for its queries; its loss."""
+        cfg, device, model = self.cfg, self.device, self.model
+        qs = [q for q, _ in batch]
+        ps = [p for _, p in batch]
+        in_batch = set(ps)
+        negs: list[int] = []
+        for q in qs:
+            pool = [n for n in self.candidates.get(q, []) if n not in in_batch]
+            if pool:
+                negs += [pool[i] for i in rng.choice(len(pool), size=min(cfg.hard_negatives, len(pool)), replace=False)]
+        qv = model(*self.qstates.batch(qs, device))  # (B, D)
+        dv = model(*self.pstates.batch(ps + negs, device))  # (B + N, D)
+        exclude = positive_mask(qs, ps + negs, self.data.positives).to(device)  # (B, B + N)
+        loss = mnr_loss(qv, dv, cfg.scale, cfg.symmetric, exclude)
+        self.opt.zero_grad()
+        loss.backward()
+        self.opt.step()
+        if cfg.weight_decay:
+            with torch.no_grad():  # decay toward the start (mean pooling), decoupled from the gradient
+                for p, p0 in zip(model.parameters(), self.start):
+                    p.sub_(cfg.lr * cfg.weight_decay * (p - p0))
+        return float(loss.detach())
+
+
 def train_head(data: PairData, encoder, cfg: TrainConfig, cache_dir: Path | None = None, progress: bool | None = None,
                passages: StateCache | None = None, queries: StateCache | None = None) -> TrainResult:
     """Train an attention-pooling head on data; keep the trained epoch with the best dev nDCG@10
@@ -246,47 +308,19 @@ def train_head(data: PairData, encoder, cfg: TrainConfig, cache_dir: Path | None
     base_q = qstates.pool_all(mean_pool, device=device)
     base = _dev_figures(base_q, base_p, split, data)
     gate = "unseen" if "unseen" in base else ("dev" if "dev" in base else "none")
-
-    # Hard negatives from the base ranking: skip the very top (unlabelled positives), then sample.
-    candidates: dict[int, list[int]] = {}
-    if cfg.hard_negatives > 0:
-        _, idx = exact_search(base_q[split.train], base_p, cfg.neg_depth)
-        for q, row in zip(split.train, idx):
-            ranked = [int(p) for p in row if p >= 0 and int(p) not in data.positives[q]]
-            candidates[q] = data.negatives.get(q, []) + ranked[cfg.neg_skip :]
+    candidates = _hard_negative_candidates(base_q, base_p, split, data, cfg)
 
     model = _Trainable(pstates.dim, cfg.projection).to(device)
     start = [p.detach().clone() for p in model.parameters()]
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
+    fit = _HeadSteps(model, opt, start, pstates, qstates, data, candidates, cfg, device)
     steps = -(-len(epoch_pairs(split.train, data.positives, cfg.positives_per_query, np.random.default_rng(0))) // cfg.batch_size)
     bar = progress_bar(steps * cfg.epochs, "training head", "step", progress)
     best: tuple[float, int, AttentionHead | None, dict[str, float]] = (-1.0, -1, None, {})
     history, since_best, stopped = [], 0, False
     for epoch in range(cfg.epochs):
-        model.train()
-        losses = []
-        for batch in _batches(epoch_pairs(split.train, data.positives, cfg.positives_per_query, rng), cfg.batch_size, rng):
-            qs = [q for q, _ in batch]
-            ps = [p for _, p in batch]
-            in_batch = set(ps)
-            negs: list[int] = []
-            for q in qs:
-                pool = [n for n in candidates.get(q, []) if n not in in_batch]
-                if pool:
-                    negs += [pool[i] for i in rng.choice(len(pool), size=min(cfg.hard_negatives, len(pool)), replace=False)]
-            qv = model(*qstates.batch(qs, device))  # (B, D)
-            dv = model(*pstates.batch(ps + negs, device))  # (B + N, D)
-            exclude = positive_mask(qs, ps + negs, data.positives).to(device)  # (B, B + N)
-            loss = mnr_loss(qv, dv, cfg.scale, cfg.symmetric, exclude)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            if cfg.weight_decay:
-                with torch.no_grad():  # decay toward the start (mean pooling), decoupled from the gradient
-                    for p, p0 in zip(model.parameters(), start):
-                        p.sub_(cfg.lr * cfg.weight_decay * (p - p0))
-            losses.append(float(loss.detach()))
-            bar.update(1)
+        batches = _batches(epoch_pairs(split.train, data.positives, cfg.positives_per_query, rng), cfg.batch_size, rng)
+        losses = fit.epoch(batches, rng, bar)
         model.eval()
         row: dict[str, float] = {"epoch": epoch, "loss": round(float(np.mean(losses)), 4)}
         if gate != "none":
