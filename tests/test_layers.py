@@ -19,3 +19,21 @@ def test_import_contracts_hold():
     p = subprocess.run([exe, "--no-cache"], cwd=REPO, capture_output=True, text=True)
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-2000:]
     assert "0 broken" in p.stdout
+
+
+MAX_FUNCTION_LINES = 60
+
+
+def test_no_function_in_the_package_is_longer_than_60_lines():
+    """A function a reader takes in at once: from its `def` to its last line, docstring included.
+    A longer one is split into named steps (a helper, or a small class where they share state)."""
+    import ast
+
+    long = []
+    for path in sorted((REPO / "semsearch").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > MAX_FUNCTION_LINES:
+                    long.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name} ({n} lines)")
+    assert not long, "\n".join(long)
