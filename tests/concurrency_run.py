@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import sys
 import threading
@@ -36,7 +37,11 @@ MODES = ["dense", "lexical", "hybrid"]
 EXTRA_ID = "zz-extra"
 EXTRA_TEXT = "Qwxv plorb zintafex grumbleworts vorpal snicker-snack."
 THREADS = 8
-ROUNDS = int(os.environ.get("SEMSEARCH_CONCURRENCY_ROUNDS", "1"))  # passes over the calls per thread (a soak: 10)
+# Passes over the calls per thread. By default a quarter: each thread makes a quarter of the calls,
+# from its own starting point, so every call is made by two of the threads at once with the others
+# (and once more by the asyncio loop) while the writer writes; a soak asks for more (10: each
+# thread makes every call ten times).
+ROUNDS = float(os.environ.get("SEMSEARCH_CONCURRENCY_ROUNDS", "0.25"))
 
 
 def calls():
@@ -418,9 +423,10 @@ def main() -> None:
     while not counts["first"].wait(0.2) and w.is_alive():  # (a writer that failed has said why)
         pass
 
-    def thread_work(s, run, offset):
+    def thread_work(s, run, j):
         cs = calls()
-        for i in range(ROUNDS * len(cs)):
+        offset = j * len(cs) // THREADS  # the threads' stretches overlap: every call is made by some
+        for i in range(math.ceil(ROUNDS * len(cs))):
             c = cs[(i + offset) % len(cs)]
             try:
                 checker.check(s, c, run(c))
@@ -428,7 +434,7 @@ def main() -> None:
                 checker.error(s, c, e)
 
     async def async_work(s, run, arun):
-        cs = calls() * ROUNDS
+        cs = calls() * max(1, round(ROUNDS))  # the loop makes every call at least once
 
         async def one(c):
             try:
@@ -448,7 +454,7 @@ def main() -> None:
     threads = []
     for s, (run, arun) in runners.items():
         if s != "asyncio":
-            threads += [threading.Thread(target=thread_work, args=(s, run, j * 7), daemon=True) for j in range(THREADS)]
+            threads += [threading.Thread(target=thread_work, args=(s, run, j), daemon=True) for j in range(THREADS)]
         if s in ("asyncio", "oneshot", "explain") or arun is not None:
             threads.append(threading.Thread(target=lambda s=s, run=run, arun=arun: asyncio.run(async_work(s, run, arun)),
                                             daemon=True))
