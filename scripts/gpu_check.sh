@@ -391,7 +391,7 @@ fi
 # --- 1M x 384: GPU against CPU faiss, flat / ivf / ivf-sq8 / auto, recall@10
 if wanted bench-index; then
     if [ "$MODE" = check ]; then q=200; else q=2000; fi
-    step bench-index 420 "$PYTHON" scripts/bench_gpu_index.py index --n "$N" --queries "$q" --out "$OUT/bench_gpu_index.json"
+    step bench-index 420 "$PYTHON" scripts/bench/bench_gpu_index.py index --n "$N" --queries "$q" --out "$OUT/bench_gpu_index.json"
     sed -n '/^type /,/^wrote/p' "$LOG" | grep -v '^wrote' >> "$SUMMARY"
 fi
 
@@ -455,11 +455,11 @@ fi
 # --- encoder throughput: larger batches, fp16 against fp32
 if wanted encode; then
     if [ "$MODE" = check ]; then
-        step encode-cpu 180 "$PYTHON" scripts/bench_gpu_index.py encode --device cpu --data "$DATA" --docs 64 --queries 128 --precisions fp32 --batch-tokens 4096,16384 --out "$OUT/bench_encode_cpu.json"
+        step encode-cpu 180 "$PYTHON" scripts/bench/bench_gpu_index.py encode --device cpu --data "$DATA" --docs 64 --queries 128 --precisions fp32 --batch-tokens 4096,16384 --out "$OUT/bench_encode_cpu.json"
         "$PYTHON" -c "import torch; print(torch.cuda.is_available())" 2>/dev/null | grep -q True \
             || note "encode-cuda: skipped (torch sees no CUDA device)"
     else
-        step encode-cuda 240 "$PYTHON" scripts/bench_gpu_index.py encode --device cuda --data "$DATA" --docs 2000 --queries 4000 --precisions fp32,fp16 --batch-tokens 4096,16384,65536 --out "$OUT/bench_gpu_encode.json"
+        step encode-cuda 240 "$PYTHON" scripts/bench/bench_gpu_index.py encode --device cuda --data "$DATA" --docs 2000 --queries 4000 --precisions fp32,fp16 --batch-tokens 4096,16384,65536 --out "$OUT/bench_gpu_encode.json"
     fi
     sed -n '/^precision /,/^precision auto/p' "$LOG" >> "$SUMMARY"
 fi

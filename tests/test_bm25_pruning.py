@@ -1,7 +1,7 @@
 """BM25 with rank-safe pruning (LexicalIndex.top_k, MaxScore) gives exactly what the exhaustive
 scorer gives: the same chunks in the same order, the same float32 scores bit for bit, across
 segments, with deleted rows and filter masks, for k from 1 to past the number of matches; and
-scores_of() and top_k_and() equal lookup(score_all()). scripts/bench_bm25.py measures the same at 1M chunks."""
+scores_of() and top_k_and() equal lookup(score_all()). scripts/bench/bench_bm25.py measures the same at 1M chunks."""
 from __future__ import annotations
 
 import numpy as np

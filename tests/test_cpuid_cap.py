@@ -1,4 +1,4 @@
-"""scripts/cpuid_cap.c: the benchmarks' way of timing a lesser x86 CPU on a bigger one
+"""scripts/bench/cpuid_cap.c: the benchmarks' way of timing a lesser x86 CPU on a bigger one
 (`bench_encode.py --cpu-cap`). It must fool every library's CPUID check and nothing else."""
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.skipif(
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("cpuid") / "cpuid_cap.so"
-    subprocess.run(["gcc", "-O2", "-Wall", "-Werror", "-shared", "-fPIC", "-o", str(out), str(REPO / "scripts" / "cpuid_cap.c")], check=True)
+    subprocess.run(["gcc", "-O2", "-Wall", "-Werror", "-shared", "-fPIC", "-o", str(out), str(REPO / "scripts" / "bench" / "cpuid_cap.c")], check=True)
     return out
 
 

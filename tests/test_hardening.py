@@ -348,7 +348,7 @@ def test_streamed_chunks_with_the_real_tokenizer(tmp_path, real_encoder, monkeyp
 
 
 def test_a_large_text_file_is_chunked_in_bounded_memory_with_progress(tmp_path, monkeypatch):
-    """Memory grows with the block, not the file (scripts/bench_bigfile.py measures a 50 MB file's RSS)."""
+    """Memory grows with the block, not the file (scripts/bench/bench_bigfile.py measures a 50 MB file's RSS)."""
     import semsearch.corpus.streaming as streaming
     from semsearch.engines.chunks import file_chunks
 

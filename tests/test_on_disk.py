@@ -181,7 +181,7 @@ def test_opening_a_200k_chunk_index_does_not_read_it(tmp_path):
     code = textwrap.dedent(f"""
         import json, sys, numpy as np
         from pathlib import Path
-        sys.path.insert(0, {str(REPO / 'scripts')!r}); sys.path.insert(0, {str(REPO / 'tests')!r})
+        sys.path.insert(0, {str(REPO / 'scripts' / 'bench')!r}); sys.path.insert(0, {str(REPO / 'tests')!r})
         import bench_filters
         from conftest import FakeEncoder
         def rss(kind="VmRSS"):

@@ -5,7 +5,7 @@ is read in flat memory) and `Marks` that the blocks fill in as they are read: pa
 section headings and their paths, the section boundaries the chunker respects, the title.
 Chunk offsets point into the extracted text (the concatenated blocks) exactly.
 
-Libraries, chosen by measurement (scripts/bench_extract.py on SciFact rendered to PDF and
+Libraries, chosen by measurement (scripts/bench/bench_extract.py on SciFact rendered to PDF and
 HTML by scripts/render_scifact.py; figures in docs/formats.md):
 - PDF: pypdfium2 (PDFium; Apache-2.0/BSD-3). Several times faster per page than pypdf (pure
   Python) with the same word recall on one- and two-column pages; it reads encrypted-with-an-

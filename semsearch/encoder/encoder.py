@@ -365,7 +365,7 @@ def _few_threads(enc, texts):
     """Run a small CPU forward on one torch thread. A query's matmuls are too small to gain from a
     second thread, and where other processes load the CPU, torch's OpenMP team waits on the busy
     core: measured on 2 cores with two busy processes beside it, Retriever.search p50 137 ms with
-    2 threads against 46 ms with 1 (scripts/bench_threads.py). Large batches keep every thread."""
+    2 threads against 46 ms with 1 (scripts/bench/bench_threads.py). Large batches keep every thread."""
     if enc.device != "cpu" or enc.onnx is not None or sum(map(len, texts)) > SMALL_CHARS:
         yield
         return

@@ -74,7 +74,7 @@ def _cuda_sdpa_backends():
     """SDPA's CUDA kernels less cuDNN's. torch prefers cuDNN attention for fp16/bf16 on recent
     GPUs, and cuDNN builds an execution plan for every new (batch, length) shape: with our
     length-bucketed batches that made fp16 on an H100 *slower* than fp32 (1,571 vs 3,020
-    SciFact docs/s, scripts/bench_encode.py --device cuda). The memory-efficient kernel takes
+    SciFact docs/s, scripts/bench/bench_encode.py --device cuda). The memory-efficient kernel takes
     our padding mask and has no per-shape cost. None where this torch cannot choose."""
     try:
         from torch.nn.attention import SDPBackend

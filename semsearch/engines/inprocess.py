@@ -2,7 +2,7 @@
 
 It runs the same per-file and per-batch functions as the Ray tasks and actors, so it is the
 reference for them, and it measures what staging through Parquet costs against the streaming
-local path (scripts/bench_ray.py)."""
+local path (scripts/bench/bench_ray.py)."""
 from __future__ import annotations
 
 import time

@@ -187,7 +187,7 @@ def order_by_lists(path: Path, vi: VectorIndex) -> None:
     """Rewrite a fast-scan segment's vector file (at path, in id order) list by list, and have
     vi re-rank against the new file. A query re-ranks candidates from the few lists it probes:
     stored together they are a few runs of pages, not ~1,000 rows scattered over the file (1M
-    chunks: the 1,666 queries of scripts/bench_scale.py mapped the whole file, 0.78 GB, into
+    chunks: the 1,666 queries of scripts/bench/bench_scale.py mapped the whole file, 0.78 GB, into
     the process; docs/benchmarks.md). Other types re-rank nothing from the file."""
     if vi.external_refine and len(vi.refine):
         vi.refine = vecfile.reorder(path, vi.lists())

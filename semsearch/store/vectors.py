@@ -525,7 +525,7 @@ class VectorIndex:
         else:
             # A few queries with a selector on one thread: faiss then splits the probed lists over its
             # OpenMP workers, whose barrier costs more than the work (ivf-fastscan, 100k chunks, 60%
-            # passing, 2 busy cores: 20 ms a query against 0.27 ms on one thread; scripts/bench_filters.py).
+            # passing, 2 busy cores: 20 ms a query against 0.27 ms on one thread; scripts/bench/bench_filters.py).
             with one_omp_thread():
                 got = index.search(q, kk, params=params)
         return self._rerank(q, got[1], k) if self.refine is not None else got

@@ -13,7 +13,7 @@ Why not SQLite FTS5, which the docstore could hold as well: measured on SciFact 
 FTS5's bm25() ranks an OR-query in ~6 ms p50 on a quiet 2-core machine (it scores each of the
 ~2,800 matching rows through its auxiliary-function API) against ~0.35 ms for the posting arrays
 here, and its k1/b and IDF are fixed (the IDF of a term in more than half the rows is clamped to
-~0). `scripts/bench_hybrid.py` measures both, quality and speed, in one run.
+~0). `scripts/bench/bench_hybrid.py` measures both, quality and speed, in one run.
 Why not a BM25 package (rank-bm25, bm25s, Pyserini): none stores its index incrementally in the
 docstore's transaction, and Pyserini needs a JVM. The analysis is Lucene's English recipe
 (lower-case, stop words, Porter2 stemming from the Snowball project's stemmer).

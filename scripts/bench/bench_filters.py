@@ -1,6 +1,6 @@
 """Filtered search against unfiltered, at 100k and 1M chunks: what a `where` costs.
 
-    python scripts/bench_filters.py [--sizes 100000,1000000] [--queries 60] [--dim 384]
+    python scripts/bench/bench_filters.py [--sizes 100000,1000000] [--queries 60] [--dim 384]
 
 A stand-in encoder (vectors drawn around 200 random centres; a query is a stored vector plus
 noise) and synthetic texts (8-20 words from a 5,000-word vocabulary) stand in for the model, so
@@ -55,7 +55,7 @@ class StandInEncoder:
 
 
 def build(folder: Path, n: int, dim: int, rng: np.random.Generator) -> tuple[np.ndarray, list[str], np.ndarray]:
-    """The synthetic index of n chunks (also scripts/bench_writes.py's); gives back 2,000 stored
+    """The synthetic index of n chunks (also scripts/bench/bench_writes.py's); gives back 2,000 stored
     vectors (queries are made from them), query words, and the centres the vectors were drawn around."""
     from semsearch.indexing import VectorSettings, finalize_vectors
     from semsearch.store.docstore import ChunkRow

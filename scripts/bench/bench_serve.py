@@ -1,7 +1,7 @@
 """Load test of `semsearch serve` on loopback: concurrent clients, mixed search / embedding
 requests, document upserts and deletes during the run.
 
-    python scripts/bench_serve.py [--requests 2000] [--clients 8] [--corpus DIR]
+    python scripts/bench/bench_serve.py [--requests 2000] [--clients 8] [--corpus DIR]
 
 It indexes the corpus (default: the bundled sample) into a temporary folder, starts
 `semsearch serve` on a free loopback port in its own process, and sends requests from
@@ -45,7 +45,7 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SCIFACT = REPO.parent / "shared" / "data" / "beir" / "scifact"
 MIX = [("search", 0.4), ("search_get", 0.2), ("openai", 0.2), ("tei", 0.2)]
 FILTERED_MIX = [("filter_num", 0.35), ("filter_eq", 0.35), ("filter_num_get", 0.15), ("filter_eq_get", 0.15)]

@@ -1,7 +1,7 @@
 """FAISS on the GPU against the CPU in one run, and encoder throughput at larger batches.
 
-    python scripts/bench_gpu_index.py index  [--n 1000000] [--dim 384] [--types flat,ivf,ivf-sq8,auto]
-    python scripts/bench_gpu_index.py encode [--docs 2000] [--queries 4000] [--batch-tokens 4096,16384,65536]
+    python scripts/bench/bench_gpu_index.py index  [--n 1000000] [--dim 384] [--types flat,ivf,ivf-sq8,auto]
+    python scripts/bench/bench_gpu_index.py encode [--docs 2000] [--queries 4000] [--batch-tokens 4096,16384,65536]
 
 `index`: n synthetic unit vectors (Gaussian clusters, so IVF has structure to find) are built with
 semsearch's VectorIndex on the CPU and, where faiss sees a GPU, on the GPU (`device="cuda"`), for
@@ -30,7 +30,7 @@ import numpy as np
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 

@@ -1,8 +1,8 @@
 """BM25 with rank-safe pruning (MaxScore) against the exhaustive scorer, at 1M+ chunks.
 
-    python scripts/bench_bm25.py [--sizes 1000000] [--queries 1000] [--parts 1] [--layouts v1,v2]
+    python scripts/bench/bench_bm25.py [--sizes 1000000] [--queries 1000] [--parts 1] [--layouts v1,v2]
 
-Posting arrays are built straight from the synthetic corpus of scripts/synthetic.py (~200 words a
+Posting arrays are built straight from the synthetic corpus of scripts/bench/synthetic.py (~200 words a
 chunk, a 100k-term Zipf vocabulary with topic structure), split into --parts segments. For each
 size and k (10: lexical search; 100: what hybrid takes from each side): p50 / p99 of the
 exhaustive scorer (score_all + top: every posting of every query term) and of top_k (pruned), the

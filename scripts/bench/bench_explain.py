@@ -1,7 +1,7 @@
 """What explain=True costs: p50 latency of Retriever.search with and without it, same queries,
 same run, interleaved query by query so machine noise hits all alike.
 
-    python scripts/bench_explain.py [--docs 2000] [--queries 200] [--reencode-queries 40] [--index DIR --precision bf16]
+    python scripts/bench/bench_explain.py [--docs 2000] [--queries 200] [--reencode-queries 40] [--index DIR --precision bf16]
 
 The index (built once in results/bench_explain_index, from the first --docs SciFact documents, or
 from data/sample where ../shared has no SciFact, in --precision, default auto) keeps its token
@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 SAMPLE_QUERIES = ["how long does a personal loan decision take", "what does the underwriter check",

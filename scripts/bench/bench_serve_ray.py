@@ -2,13 +2,13 @@
 (ids, scores within 1e-5) for N queries in dense, lexical and hybrid mode with three filter forms,
 and the router's overhead (p50 and p99 of single hybrid queries, interleaved rounds).
 
-    python scripts/bench_serve_ray.py --chunks 50000 --shards 3 --replicas 2 --queries 200
+    python scripts/bench/bench_serve_ray.py --chunks 50000 --shards 3 --replicas 2 --queries 200
 
-The corpus and encoder are scripts/synthetic.py's (Zipf words, clustered vectors; the router gets
+The corpus and encoder are scripts/bench/synthetic.py's (Zipf words, clustered vectors; the router gets
 the same stand-in encoder). The index is written in --steps runs of `index`, so that it has several
 segments for the shards to own (segments are the unit a shard owns). Prints one JSON object.
 
-    python scripts/bench_serve_ray.py --beir ../shared/data/beir/scifact --docs 1500 --queries 200 --explain 5
+    python scripts/bench/bench_serve_ray.py --beir ../shared/data/beir/scifact --docs 1500 --queries 200 --explain 5
 
 --beir: a BEIR dataset's first --docs documents and its queries instead, with the bundled model (the
 router loads it from the index); --explain K also compares explain=true answers (top K, every number
@@ -30,7 +30,7 @@ import numpy as np
 
 SCRIPTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(SCRIPTS))
-sys.path.insert(0, str(SCRIPTS.parent))
+sys.path.insert(0, str(SCRIPTS.parents[1]))
 
 
 def make_encoder():

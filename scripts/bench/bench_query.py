@@ -1,7 +1,7 @@
 """Query latency: a one-shot `semsearch query` process, and Retriever.search in a long-lived one,
 each against the sentence-transformers + faiss baseline, in the same run.
 
-    python scripts/bench_query.py [--index DIR] [--runs 7]
+    python scripts/bench/bench_query.py [--index DIR] [--runs 7]
 
 Without --index it builds (once) an index of the SciFact corpus in results/bench_scifact_index.
 An index with trained query layers (`semsearch index CORPUS --index DIR --head HEAD`) is timed the
@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 BASELINE = r"""
 import sys, json, faiss, numpy as np

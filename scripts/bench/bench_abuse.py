@@ -1,6 +1,6 @@
 """What an abusive `where` costs a server: 10,000 fields in one request, against plain searches.
 
-    python scripts/bench_abuse.py [--fields 10000] [--rounds 20] [--index DIR]
+    python scripts/bench/bench_abuse.py [--fields 10000] [--rounds 20] [--index DIR]
 
 Indexes the bundled sample (data/sample) with the real model (or takes --index), starts
 `semsearch serve` in-process on a loopback port (real uvicorn), and reports, each as median and
@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "scripts"))
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "scripts" / "bench"))
 from bench_filters import cpu_flags  # noqa: E402
 
 

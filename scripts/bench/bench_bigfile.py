@@ -1,8 +1,8 @@
 """Peak memory indexing one large .txt file, and resuming after a kill -9.
 
-    python scripts/bench_bigfile.py                       # 50 MB file, real tokenizer, hashing vectors
-    python scripts/bench_bigfile.py --baseline-src OLD    # also the same pipeline from an older checkout
-    python scripts/bench_bigfile.py --model-mb 2          # + real model on a 2 MB slice, killed and resumed
+    python scripts/bench/bench_bigfile.py                       # 50 MB file, real tokenizer, hashing vectors
+    python scripts/bench/bench_bigfile.py --baseline-src OLD    # also the same pipeline from an older checkout
+    python scripts/bench/bench_bigfile.py --model-mb 2          # + real model on a 2 MB slice, killed and resumed
 
 Each measurement runs in a fresh child process and reports its peak RSS (ru_maxrss). The large
 run chunks with the model's real tokenizer but embeds with a cheap hashing stand-in, so that it
@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 CHILD = r"""
 import hashlib, json, resource, sys, time

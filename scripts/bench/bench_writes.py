@@ -1,6 +1,6 @@
 """What one write costs in a semsearch index of 10k, 100k and 1M chunks, and what queries cost.
 
-    python scripts/bench_writes.py [--sizes 10000,100000,1000000] [--writes 15] [--queries 60]
+    python scripts/bench/bench_writes.py [--sizes 10000,100000,1000000] [--writes 15] [--queries 60]
         [--baseline-ref 4d5f750] [--baseline-sizes 10000,100000] [--many-writes 1000]
         [--others] [--others-python /tmp/bench-others-venv/bin/python]
         [--only writes,baseline,queries,many,others] [--keep DIR] [--json PATH]
@@ -12,7 +12,7 @@ the index's own work is timed (chunking, the docstore, the vector index, BM25, p
 not a transformer. Encoding time is still measured (time spent inside encoder.encode) and shown
 apart, so "time excluding encoding" is what the index costs.
 
-The synthetic index is built as scripts/bench_filters.py builds it (IndexWriter, finalize_vectors,
+The synthetic index is built as scripts/bench/bench_filters.py builds it (IndexWriter, finalize_vectors,
 commit): N chunks, vectors around 200 random centres, short texts (8-20 words from a 5,000-word
 zipf vocabulary), metadata {"year": 2000..2024, "lang": "de" for 1% of chunks, else "en"}; the
 index type is the automatic one for its size (flat below 50k chunks, IVF above).
@@ -78,7 +78,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("ANONYMIZED_TELEMETRY", "False")  # chromadb
 
 SCRIPT = Path(__file__).resolve()
-REPO = SCRIPT.parent.parent
+REPO = SCRIPT.parents[2]
 WINDOW = 254  # tokens a chunk (the manifest's chunking; overlap 0)
 DOC_WORDS = 700  # one stand-in token a word: windows of 254, 254, 192 = 3 chunks
 OPS = ("upsert new", "upsert replace", "delete")
@@ -179,14 +179,14 @@ def format_signature() -> str:
 
 
 def build(folder: Path, n: int, dim: int, rng: np.random.Generator) -> tuple[np.ndarray, list[str], np.ndarray]:
-    """The index of n synthetic chunks, as scripts/bench_filters.py builds it (chunk windows of
+    """The index of n synthetic chunks, as scripts/bench/bench_filters.py builds it (chunk windows of
     WINDOW tokens); gives back 2,000 stored vectors (queries are made from them), query words, and
     the centres."""
     return _filters().build(folder, n, dim, rng)
 
 
 def _filters():
-    """scripts/bench_filters.py, whose index builder and timer this benchmark shares (imported
+    """scripts/bench/bench_filters.py, whose index builder and timer this benchmark shares (imported
     when first needed: the --others worker runs in another Python)."""
     if str(SCRIPT.parent) not in sys.path:
         sys.path.insert(0, str(SCRIPT.parent))

@@ -1,6 +1,6 @@
 """Index types at scale: 1,000,000 x 384 vectors, Flat against semsearch's default and memory-lean choices.
 
-    python scripts/bench_index.py [--n 1000000] [--with-hnsw]
+    python scripts/bench/bench_index.py [--n 1000000] [--with-hnsw]
 
 The vectors are synthetic but fitted to real text embeddings: SciFact chunk embeddings of the
 bundled model are clustered (k-means, 64 clusters); each synthetic vector picks a cluster by its
@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def real_embeddings(data: Path, index: Path | None) -> tuple[np.ndarray, np.ndarray]:

@@ -1,7 +1,7 @@
 """What hybrid search costs and gains over dense at SciFact size, through Retriever.search, and
 how the lexical index compares with SQLite FTS5's bm25() in the same run.
 
-    python scripts/bench_hybrid.py [--data ../shared/data/beir/scifact] [--cache results/scifact_mean_fp32.npz]
+    python scripts/bench/bench_hybrid.py [--data ../shared/data/beir/scifact] [--cache results/scifact_mean_fp32.npz]
 
 The index holds the 5,183 SciFact documents as one chunk each (full text; vectors: mean pooling,
 fp32, from the cache tune_hybrid.py writes), so the same run also checks that Retriever.search
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
@@ -59,7 +59,7 @@ def build(folder: Path, data, docs: np.ndarray) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", default=str(Path(__file__).resolve().parents[2] / "shared/data/beir/scifact"))
+    ap.add_argument("--data", default=str(Path(__file__).resolve().parents[3] / "shared/data/beir/scifact"))
     ap.add_argument("--cache", default="results/scifact_mean_fp32.npz")
     ap.add_argument("--index", default="results/bench_hybrid_index")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds over all test queries")

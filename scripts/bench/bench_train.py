@@ -1,7 +1,7 @@
 """Time and peak memory of `semsearch train` on 2,600 queries x 3,600 documents, after an index
 of the documents exists (the target: <= 5 minutes, <= 1.5 GB on 2 cores without AMX).
 
-    python scripts/bench_train.py --precision fp32      # needs results/scifact_work/index (scripts/train_scifact.py)
+    python scripts/bench/bench_train.py --precision fp32      # needs results/scifact_work/index (scripts/train_scifact.py)
 
 The training set is simulated from SciFact: 3,600 documents of its corpus (every document judged
 for a train query, then others), 2,600 queries (the train queries repeated, each copy with a
@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 

@@ -1,7 +1,7 @@
 """Single-query latency of a long-lived Retriever (torch encoder) with one torch thread for small
 inputs (the default) against all threads (before), on a quiet CPU and beside two busy processes.
 
-    python scripts/bench_threads.py [--index DIR] [--queries 80]
+    python scripts/bench/bench_threads.py [--index DIR] [--queries 80]
 
 Both settings are interleaved query by query, so background noise hits them alike. Without --index
 it indexes the bundled sample corpus once into results/bench_threads_index.
@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 

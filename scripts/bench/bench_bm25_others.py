@@ -1,6 +1,6 @@
 """BM25 top-k latency of two external engines, bm25s and tantivy, against semsearch's own, on one corpus.
 
-    python scripts/bench_bm25_others.py [--sizes 1000000] [--queries 300] [--engines semsearch,bm25s,tantivy]
+    python scripts/bench/bench_bm25_others.py [--sizes 1000000] [--queries 300] [--engines semsearch,bm25s,tantivy]
                                         [--workdir /tmp/bench-bm25-others]
 
 Neither bm25s nor tantivy (the Python binding of the Rust search library) is a semsearch
@@ -8,17 +8,17 @@ dependency: run this with a Python that has them, e.g. a venv of its own:
 
     python3 -m venv /tmp/bench-others-venv
     /tmp/bench-others-venv/bin/pip install numpy scipy bm25s tantivy snowballstemmer PyStemmer
-    /tmp/bench-others-venv/bin/python scripts/bench_bm25_others.py
+    /tmp/bench-others-venv/bin/python scripts/bench/bench_bm25_others.py
 
 semsearch is imported from this source tree (semsearch.store.lexical needs only numpy and
 snowballstemmer). An engine that does not import is skipped, with the reason. semsearch's index is
 built at every size whatever --engines says: its exhaustive top k is what the others are checked
 against (left out of --engines, its timings are not printed).
 
-The corpus is scripts/synthetic.py's (~200 words a chunk, a 100k-term Zipf vocabulary with topic
+The corpus is scripts/bench/synthetic.py's (~200 words a chunk, a 100k-term Zipf vocabulary with topic
 structure; queries of 3-8 terms), and every engine sees the same tokens: chunk i is the words
 "w<id>" of its term ids, a query the words of its term ids. semsearch's posting arrays are made
-straight from the term ids, as scripts/bench_bm25.py makes them (term id = term hash, no text
+straight from the term ids, as scripts/bench/bench_bm25.py makes them (term id = term hash, no text
 analysis); bm25s gets the texts through its Tokenizer with no stop words and no stemmer, tantivy
 through its "default" tokenizer (splits on non-alphanumerics, lower-cases) on a text field indexed
 with term frequencies but no positions (the others keep none); "w123" is one token in both.
@@ -64,7 +64,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))  # semsearch from this source tree
+sys.path.insert(0, str(HERE.parents[1]))  # semsearch from this source tree
 from bench_bm25 import postings, pruned_against_exhaustive  # noqa: E402
 from bench_filters import cpu_flags  # noqa: E402
 from synthetic import Corpus  # noqa: E402

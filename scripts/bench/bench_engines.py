@@ -1,7 +1,7 @@
 """Other inference engines against semsearch's torch encoder, on SciFact documents, same run.
 
     pip install openvino nncf          # not project dependencies: this script only
-    python scripts/bench_engines.py [--docs 300]
+    python scripts/bench/bench_engines.py [--docs 300]
 
 It answers "would a fused engine or int8 reach 4x the sentence-transformers baseline here?":
 - torch: the product's path (bf16 weights on CPUs with AMX, fp32 otherwise);
@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def main() -> None:

@@ -1,7 +1,7 @@
-"""LanceDB beside semsearch at scale: the corpus of scripts/bench_scale.py, the same measures.
+"""LanceDB beside semsearch at scale: the corpus of scripts/bench/bench_scale.py, the same measures.
 
 LanceDB is what users pick for an index on disk (IVF-PQ codes, full vectors and a full-text
-index in Lance files). This builds one over the same synthetic chunks (scripts/synthetic.py: the
+index in Lance files). This builds one over the same synthetic chunks (scripts/bench/synthetic.py: the
 same texts, the same stand-in vectors) and measures what bench_scale.py measures of semsearch:
 build time and peak RSS, opening in a fresh process, RSS after the same 1,666 queries, p50/p99
 of dense, lexical (its native full-text index, BM25) and hybrid (both, fused by its default
@@ -9,8 +9,8 @@ reciprocal-rank reranker), and dense recall@10 against exact search. Run it with
 has the `bench-others` extra (lancedb); it needs numpy only besides:
 
     python -m venv /tmp/bench-others-venv && /tmp/bench-others-venv/bin/pip install lancedb
-    /tmp/bench-others-venv/bin/python scripts/bench_lancedb_scale.py build CORPUS DIR
-    /tmp/bench-others-venv/bin/python scripts/bench_lancedb_scale.py measure DIR
+    /tmp/bench-others-venv/bin/python scripts/bench/bench_lancedb_scale.py build CORPUS DIR
+    /tmp/bench-others-venv/bin/python scripts/bench/bench_lancedb_scale.py measure DIR
 
 CORPUS is a corpus folder bench_scale.py wrote (`corpus-<n>`, jsonl parts, one chunk a row).
 The IVF-PQ index gets the list count semsearch chose (--partitions, 4,000 at 1M) and codes of

@@ -1,9 +1,9 @@
 """An index of 1M-10M chunks on one machine: build, open, memory, query speed, recall, writes.
 
-    python scripts/bench_scale.py [--sizes 1000000,3000000] [--queries 1000] [--keep DIR]
+    python scripts/bench/bench_scale.py [--sizes 1000000,3000000] [--queries 1000] [--keep DIR]
         [--vector-storage fp16] [--baseline-ref REF] [--baseline-sizes 1000000]
 
-The corpus is scripts/synthetic.py's: chunks of ~200 words (100-300) from a 100k-term Zipf
+The corpus is scripts/bench/synthetic.py's: chunks of ~200 words (100-300) from a 100k-term Zipf
 vocabulary with topic structure, vectors clustered around 2,000 topic centres (a stand-in encoder
 reads a chunk's topic from its first word: so only the index's own work is timed). It is written
 as JSONL files (50k records each) and indexed by `semsearch.index`'s own pipeline (reading,

@@ -1,6 +1,6 @@
 """One large text file against the same text as many small files: indexing time and tokens/s.
 
-    python scripts/bench_onefile.py [--docs 400] [--rounds 2] [--precision auto]
+    python scripts/bench/bench_onefile.py [--docs 400] [--rounds 2] [--precision auto]
 
 The first N SciFact documents (title + text) are written as N .txt files, and joined (blank lines
 between) as one .txt file; each corpus is indexed anew with the real model, in alternation, each
@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 DATA = REPO.parent / "shared" / "data" / "beir" / "scifact"
 
 

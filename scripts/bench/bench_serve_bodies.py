@@ -1,7 +1,7 @@
 """What one oversized request body costs everyone else: `/health` latency on a second connection
 while a large body is sent to `POST /documents`, and how long until that body is refused.
 
-    python scripts/bench_serve_bodies.py [--rounds 3]
+    python scripts/bench/bench_serve_bodies.py [--rounds 3]
 
 Two bodies: a million empty documents (3 MB; refused for its count) and a thousand documents
 with large metadata (7 MB, 1.7M JSON values; refused for its values). The server is
@@ -20,7 +20,7 @@ import threading
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO))
 

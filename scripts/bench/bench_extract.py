@@ -1,6 +1,6 @@
 """Extraction speed and fidelity of the PDF and HTML readers against the alternatives, same run.
 
-    python scripts/bench_extract.py data/scifact-rendered [--files 300]
+    python scripts/bench/bench_extract.py data/scifact-rendered [--files 300]
 
 Reads the documents scripts/render_scifact.py wrote (pdf/, html/, corpus.jsonl) and reports, per
 extractor: pages (files) per second, and word recall / precision of the extracted text against

@@ -1,8 +1,8 @@
 """Encoding throughput: semsearch's encoder against the sentence-transformers baseline, same run.
 
-    python scripts/bench_encode.py [--docs 600] [--queries 2000] [--precision auto] [--device cpu]
-    python scripts/bench_encode.py --docs 200 --queries 500 --precision fp32,bf16,int8
-    python scripts/bench_encode.py --cpu-cap avx2 --precision fp32,int8   # as on an AVX2-only CPU
+    python scripts/bench/bench_encode.py [--docs 600] [--queries 2000] [--precision auto] [--device cpu]
+    python scripts/bench/bench_encode.py --docs 200 --queries 500 --precision fp32,bf16,int8
+    python scripts/bench/bench_encode.py --cpu-cap avx2 --precision fp32,int8   # as on an AVX2-only CPU
 
 Baseline: SentenceTransformer(<bundled model>).encode(texts, batch_size=32), fp32 on the same device.
 Workloads: SciFact documents (title + text, 256-token truncation) and SciFact queries (short).
@@ -30,13 +30,13 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 FLAGS_SHOWN = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16", "amx_int8")
 M, K, N = 8192, 384, 1536  # a model-shaped linear layer: (M tokens x 384) -> 1536
 
 
 def run_capped(cap: str) -> None:
-    """Run this script again in a process whose CPUID answers as a lesser CPU would (scripts/cpuid_cap.c):
+    """Run this script again in a process whose CPUID answers as a lesser CPU would (scripts/bench/cpuid_cap.c):
     every library then picks the kernels it would pick there, ONNX Runtime's included (it has no cap
     of its own), and semsearch's `auto` is told the same through SEMSEARCH_CPU_ISA. Needs gcc and a
     CPU with CPUID faulting (the `cpuid_fault` flag)."""
@@ -47,18 +47,18 @@ def run_capped(cap: str) -> None:
     if "cpuid_fault" not in Path("/proc/cpuinfo").read_text():
         raise SystemExit("--cpu-cap needs CPUID faulting (the cpuid_fault flag in /proc/cpuinfo); this CPU or VM has none")
     if shutil.which("gcc") is None:
-        raise SystemExit("--cpu-cap needs gcc to build scripts/cpuid_cap.c")
+        raise SystemExit("--cpu-cap needs gcc to build scripts/bench/cpuid_cap.c")
     lib = REPO / "results" / "cpuid_cap.so"  # built afresh each time (0.1 s), replaced whole: a running capped process keeps its copy
     lib.parent.mkdir(parents=True, exist_ok=True)
     tmp = lib.with_name(f".cpuid_cap-{os.getpid()}.so")
-    subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", str(tmp), str(REPO / "scripts" / "cpuid_cap.c")], check=True)
+    subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", str(tmp), str(REPO / "scripts" / "bench" / "cpuid_cap.c")], check=True)
     os.replace(tmp, lib)
     env = dict(os.environ, CPUID_CAP=cap, LD_PRELOAD=str(lib), SEMSEARCH_CPU_ISA=cap)
     os.execve(sys.executable, [sys.executable, *sys.argv], env)
 
 
 def hidden(flag: str) -> bool:
-    """Whether --cpu-cap hides this CPU flag from the process (as scripts/cpuid_cap.c clears it)."""
+    """Whether --cpu-cap hides this CPU flag from the process (as scripts/bench/cpuid_cap.c clears it)."""
     cap = os.environ.get("CPUID_CAP")
     if cap == "avx2":
         return flag.startswith(("avx512", "amx", "avx_vnni"))
@@ -224,7 +224,7 @@ def main() -> None:
     ap.add_argument("--cpu-cap", choices=["avx2", "avx512"],
                     help="time every path as on a lesser x86 CPU: CPUID faulted and answered without the extensions "
                          "above AVX2 (or above AVX-512 F/BW/DQ/VL: no VNNI, BF16, AMX), for every library in the "
-                         "process (scripts/cpuid_cap.c); needs gcc and the cpuid_fault CPU flag")
+                         "process (scripts/bench/cpuid_cap.c); needs gcc and the cpuid_fault CPU flag")
     ap.add_argument("--single", type=int, default=200, help="queries timed one call at a time (short-text path); 0: skip")
     ap.add_argument("--out", default=str(REPO / "results" / "bench_encode.json"))
     args = ap.parse_args()

@@ -1,7 +1,7 @@
 """Docs/s of the Ray engine (1 and 2 CPU actors) against the local engine on the same machine,
 and what staging through Parquet shards costs.
 
-    python scripts/bench_ray.py [--docs 400] [--rounds 2]
+    python scripts/bench/bench_ray.py [--docs 400] [--rounds 2]
 
 Builds the same index from the first --docs SciFact documents (split into 16 JSONL files) with:
   local      the streaming path of `semsearch index` (torch on all cores, in this process)
@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def cpu_flags() -> str:

@@ -1,6 +1,6 @@
 """Peak memory of `semsearch index` on SciFact: the whole corpus against a fifth of it.
 
-    python scripts/bench_memory.py
+    python scripts/bench/bench_memory.py
 
 Indexing streams (documents are read, chunked and embedded in flushes of 512 chunks), so peak RSS
 should stay nearly flat as the corpus grows; only the vector index (1.5 KB a chunk) grows with it.
@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 MEASURE = r"""
 import resource, subprocess, sys, time
