@@ -535,6 +535,9 @@ def limit_options(fn):
                      help="Largest response body."),
         click.option("--max-inflight-per-client", type=click.IntRange(min=0), default=0, show_default=True,
                      help="Requests one client address may have running at once over HTTP; more get 429 (0: no limit)."),
+        click.option("--max-write-chunks", type=click.IntRange(min=1), default=2048, show_default=True,
+                     help="Most chunks one document write may make (and encode); a larger write is refused before "
+                          "any is encoded (HTTP 413, an MCP tool error)."),
     ]):
         fn = opt(fn)
     return fn
@@ -560,11 +563,12 @@ def _api_key(api_key: str | None, api_key_file: Path | None) -> str | None:
         raise click.BadParameter(str(e), param_hint="--api-key-file") from e
 
 
-def _limits(max_k, max_results, max_request_bytes, max_response_bytes, max_inflight_per_client):
+def _limits(max_k, max_results, max_request_bytes, max_response_bytes, max_inflight_per_client, max_write_chunks):
     from semsearch.service import Limits
 
     return Limits(max_request_bytes=max_request_bytes, max_k=max_k, max_results=max_results,
-                  max_response_bytes=max_response_bytes, max_inflight_per_client=max_inflight_per_client)
+                  max_response_bytes=max_response_bytes, max_inflight_per_client=max_inflight_per_client,
+                  max_write_chunks=max_write_chunks)
 
 
 def _watcher(watch_dir: Path | None, index, device: str, poll: bool):
@@ -594,7 +598,7 @@ def _watcher(watch_dir: Path | None, index, device: str, poll: bool):
 @click.option("--ray-address", default=None, envvar="RAY_ADDRESS", help="With --engine ray: the cluster to join. Default: a new local one.")
 @handle_errors
 def serve(index, host, port, device, read_only, api_key, api_key_file, insecure, allowed_hosts, docs, max_k, max_results,
-          max_request_bytes, max_response_bytes, max_inflight_per_client, watch_dir, watch_poll, engine, shards, replicas,
+          max_request_bytes, max_response_bytes, max_inflight_per_client, max_write_chunks, watch_dir, watch_poll, engine, shards, replicas,
           ray_address):
     """Serve the index over HTTP: search, embeddings (OpenAI and TEI shapes), document upserts.
 
@@ -603,7 +607,8 @@ def serve(index, host, port, device, read_only, api_key, api_key_file, insecure,
     (or --insecure). With --docs, interactive docs at http://HOST:PORT/docs.
     """
     api_key = _api_key(api_key, api_key_file)
-    limits = _limits(max_k, max_results, max_request_bytes, max_response_bytes, max_inflight_per_client)
+    limits = _limits(max_k, max_results, max_request_bytes, max_response_bytes, max_inflight_per_client,
+                     max_write_chunks)
     try:
         from semsearch.exposure import check_exposure
         from semsearch.serve import serve as run_server
@@ -640,7 +645,7 @@ def serve(index, host, port, device, read_only, api_key, api_key_file, insecure,
 @watch_options
 @handle_errors
 def mcp(index, http, device, allow_writes, api_key, api_key_file, insecure, allowed_hosts, max_k, max_results,
-        max_request_bytes, max_response_bytes, max_inflight_per_client, watch_dir, watch_poll):
+        max_request_bytes, max_response_bytes, max_inflight_per_client, max_write_chunks, watch_dir, watch_poll):
     """Serve the index to AI assistants and agents over the Model Context Protocol.
 
     Tools: search (query, k, mode, where), fetch (a hit's id, or a document id; whole_document),
@@ -650,7 +655,8 @@ def mcp(index, http, device, allow_writes, api_key, api_key_file, insecure, allo
     API key is given (or --insecure), Host names checked. Needs `pip install 'semsearch[mcp]'`.
     """
     api_key = _api_key(api_key, api_key_file)
-    limits = _limits(max_k, max_results, max_request_bytes, max_response_bytes, max_inflight_per_client)
+    limits = _limits(max_k, max_results, max_request_bytes, max_response_bytes, max_inflight_per_client,
+                     max_write_chunks)
     try:
         from semsearch.exposure import check_exposure
         from semsearch.mcp_server import parse_http, run

@@ -247,3 +247,20 @@ def test_a_write_is_bounded_by_the_chunks_it_would_encode_and_the_bytes_of_its_t
     ops.read_only = False
     with pytest.raises(LimitExceeded, match="1,200 bytes of text"):
         ops.upsert([{"id": "wide", "text": "\U0001f600" * 300}])  # 300 characters, 1,200 bytes
+
+
+def test_the_cli_passes_max_write_chunks_to_the_server(folder, monkeypatch):
+    """`serve --max-write-chunks N` bounds the server's writes (the default: 2,048)."""
+    from click.testing import CliRunner
+
+    import semsearch.serve
+    from semsearch.cli import main
+
+    got = []
+    monkeypatch.setattr(semsearch.serve, "serve", lambda index, host, port, device, limits, *a, **kw: got.append(limits))
+    for args, want in (([], 2048), (["--max-write-chunks", "7"], 7)):
+        r = CliRunner().invoke(main, ["serve", "--index", str(folder), *args])
+        assert r.exit_code == 0, r.output
+        assert got[-1].max_write_chunks == want
+    r = CliRunner().invoke(main, ["serve", "--index", str(folder), "--max-write-chunks", "0"])
+    assert r.exit_code != 0 and "--max-write-chunks" in r.output
