@@ -22,10 +22,12 @@ stop the server.
 import contextlib
 import inspect
 import logging
+import re
 import sys
 from typing import Annotated, Any, Iterable, Literal
 
 from semsearch.errors import InputError, SemsearchError
+from semsearch.limits import MAX_WHERE_CONDITIONS, MAX_WHERE_VALUES
 from semsearch.exposure import (BodyLimit, Guard, HostPolicy, check_api_key, check_exposure, is_loopback, safe_text)
 from semsearch.service import Limits, Operations, Service
 
@@ -116,6 +118,27 @@ def _tool_caller(ops: Operations):
     return call
 
 
+def _tool(server, name: str, title: str, annotations):
+    """server.tool() with the function's docstring, dedented, as the description: the SDK would
+    give clients the docstring as it stands, indentation and all."""
+
+    def register(fn):
+        text = re.sub(r"(?<!\n)\n(?!\n)", " ", inspect.cleandoc(fn.__doc__ or ""))  # lines of a paragraph joined
+        return server.tool(name=name, title=title, description=text, annotations=annotations)(fn)
+
+    return register
+
+
+WHERE_HELP = (
+    "Optional metadata filter; every condition must hold. As an object: {\"lang\": \"en\"} (equals), "
+    "{\"lang\": [\"en\", \"de\"]} (any of), {\"year\": {\">=\": 2020, \"<\": 2024}} (operators =, !=, >, >=, <, <=), "
+    "{\"$path\": \"docs/*.md\"} (the source file, a glob). As strings: [\"year>=2020\", \"lang!=de\", \"path:*.md\"]. "
+    "Field names are the documents' metadata fields (each hit shows its own); \"2020\" matches the string and the "
+    f"number; != also matches passages without the field. At most {MAX_WHERE_CONDITIONS} conditions and "
+    f"{MAX_WHERE_VALUES:,} values in one any-of list."
+)
+
+
 def _add_read_tools(server, ops: Operations, call) -> list:
     """Register search, fetch and info on `server`; returns their functions. The schema of `k`
     takes its bounds and default from `ops` (the server's --max-k and default k)."""
@@ -125,23 +148,25 @@ def _add_read_tools(server, ops: Operations, call) -> list:
     max_k = ops.limits.max_k
     read = ToolAnnotations(readOnlyHint=True, destructiveHint=False, idempotentHint=True, openWorldHint=False)
 
-    @server.tool(name="search", title="Search the index", annotations=read)
+    @_tool(server, "search", "Search the index", read)
     async def search(
-        query: Annotated[str, Field(description="What to look for: a question or keywords, in natural language.")],
+        # maxLength is advertised, not validated by pydantic: the server's own check answers
+        # (its messages name the limit, and a lone surrogate as such)
+        query: Annotated[str, Field(json_schema_extra={"maxLength": ops.limits.max_text_chars},
+                                    description="What to look for: a question or keywords, in natural language.")],
         k: Annotated[int, Field(strict=True, ge=1, le=max_k, description="How many hits to return, best first.")] = ops.default_k,
         mode: Annotated[Literal["dense", "lexical", "hybrid"] | None, Field(
             description="hybrid (the default where the index has BM25): meaning and words together; dense: by "
                         "meaning; lexical: by words (BM25), best for exact names, codes and rare terms.")] = None,
         where: Annotated[dict[str, Any] | list[str] | str | None, Field(
-            description='Optional metadata filter, all conditions must hold: {"lang": "en", "year": {">=": 2020}}, '
-                        'or conditions as strings: ["year>=2020", "path:docs/*.md"].')] = None,
+            description=WHERE_HELP)] = None,
     ) -> dict[str, Any]:
         """Search the indexed documents. Gives the best-matching passages, each with an id (for
         `fetch`), a title, where it comes from (file or document id, page, section, line), a score
         and its text."""
         return await call(ops.find, query, k, mode, where)
 
-    @server.tool(name="fetch", title="Read a passage or document", annotations=read)
+    @_tool(server, "fetch", "Read a passage or document", read)
     async def fetch(
         id: Annotated[str, Field(description="What to read: a hit's `id` from `search` (`chunk:N`, one passage), or its "
                                              "`source_id` (`doc:ID` or `file:PATH`, a whole document).")],
@@ -152,7 +177,7 @@ def _add_read_tools(server, ops: Operations, call) -> list:
         whole_document=true or a hit's source_id, the whole document it comes from."""
         return await call(ops.fetch, id, whole_document)
 
-    @server.tool(name="info", title="What the index holds", annotations=read)
+    @_tool(server, "info", "What the index holds", read)
     async def info() -> dict[str, Any]:
         """What the index holds: its model, how many documents and passages, when it was last
         updated, which search modes it offers and the server's limits."""
@@ -169,7 +194,7 @@ def _add_write_tools(server, ops: Operations, call) -> list:
 
     write = ToolAnnotations(readOnlyHint=False, destructiveHint=False, idempotentHint=True, openWorldHint=False)
 
-    @server.tool(name="upsert_document", title="Add or replace a document", annotations=write)
+    @_tool(server, "upsert_document", "Add or replace a document", write)
     async def upsert_document(
         id: Annotated[str, Field(description="The document's id: a document with this id is replaced.")],
         text: Annotated[str, Field(description="The document's text.")],
@@ -177,14 +202,11 @@ def _add_write_tools(server, ops: Operations, call) -> list:
             description="Optional fields to filter on later (`where`), e.g. {\"lang\": \"en\"}.")] = None,
     ) -> dict[str, Any]:
         """Add a document to the index, or replace the one with the same id. It is searchable
-            as soon as this returns."""
-        # the SDK gives a docstring as it stands as the tool's description: the indentation above
-        # is part of what clients see, kept as it was when this tool was nested one level deeper
+        as soon as this returns."""
         return await call(ops.upsert, [{"id": id, "text": text, "metadata": metadata or {}}])
 
-    @server.tool(name="delete_document", title="Delete a document",
-                 annotations=ToolAnnotations(readOnlyHint=False, destructiveHint=True, idempotentHint=False,
-                                             openWorldHint=False))
+    @_tool(server, "delete_document", "Delete a document",
+           ToolAnnotations(readOnlyHint=False, destructiveHint=True, idempotentHint=False, openWorldHint=False))
     async def delete_document(
         id: Annotated[str, Field(description="The id of a document added with upsert_document.")],
     ) -> dict[str, Any]:

@@ -264,3 +264,31 @@ def test_the_cli_passes_max_write_chunks_to_the_server(folder, monkeypatch):
         assert got[-1].max_write_chunks == want
     r = CliRunner().invoke(main, ["serve", "--index", str(folder), "--max-write-chunks", "0"])
     assert r.exit_code != 0 and "--max-write-chunks" in r.output
+
+
+def test_tool_schemas_carry_the_limits_and_grammar_an_assistant_needs(folder):
+    """Descriptions without the source's indentation, `query` bounded as the server bounds it,
+    `where` naming its operators, forms and limits; a longer query is an error result."""
+    pytest.importorskip("mcp.server.mcpserver")
+    from mcp import Client
+
+    from semsearch.limits import MAX_WHERE_CONDITIONS
+    from semsearch.mcp_server import create_server
+
+    ops = ops_of(folder, max_text_chars=500)
+
+    async def main():
+        async with Client(create_server(ops, allow_writes=True)) as c:
+            tools = {t.name: t for t in (await c.list_tools()).tools}
+            assert set(tools) == {"search", "fetch", "info", "upsert_document", "delete_document"}
+            for t in tools.values():
+                assert t.description and "\n" not in t.description and "  " not in t.description, t.description
+            props = tools["search"].input_schema["properties"]
+            assert props["query"]["maxLength"] == 500
+            where = props["where"]["description"]
+            for part in (">=", "!=", "$path", "path:", "any of", f"{MAX_WHERE_CONDITIONS} conditions"):
+                assert part in where, part
+            r = await c.call_tool("search", {"query": "kelp " * 200})
+            assert r.is_error and "500" in r.content[0].text
+
+    asyncio.run(main())
