@@ -18,7 +18,7 @@ from semsearch.engines.ray_engine import RayEngine  # noqa: E402
 from semsearch.indexing import index_corpus  # noqa: E402
 from test_engines import assert_same_index, edit_corpus  # noqa: E402
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("ray")]  # one local Ray cluster at a time (pytest -n: one worker)
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ from semsearch.search import Retriever  # noqa: E402
 
 from conftest import SAMPLE  # noqa: E402
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("ray")]  # one local Ray cluster at a time (pytest -n: one worker)
 
 QUERIES = ["How long does a loan decision take?", "lentil soup with cumin", "sleep and recovery after exercise",
            "printing press", "tomatoes need sun"]
