@@ -538,6 +538,13 @@ def limit_options(fn):
         click.option("--max-write-chunks", type=click.IntRange(min=1), default=2048, show_default=True,
                      help="Most chunks one document write may make (and encode); a larger write is refused before "
                           "any is encoded (HTTP 413, an MCP tool error)."),
+        click.option("--header-timeout", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
+                     help="Seconds a request's headers may take to arrive (from the connection, or the previous "
+                          "response); past it, a 408 and the connection closes."),
+        click.option("--body-timeout", type=click.FloatRange(min=0.1), default=60.0, show_default=True,
+                     help="Seconds a request's body may take to arrive once its headers have (a 408 past it)."),
+        click.option("--max-connections", type=click.IntRange(min=1), default=1000, show_default=True,
+                     help="HTTP connections and requests at once; a request beyond gets a 503."),
     ]):
         fn = opt(fn)
     return fn
@@ -563,12 +570,14 @@ def _api_key(api_key: str | None, api_key_file: Path | None) -> str | None:
         raise click.BadParameter(str(e), param_hint="--api-key-file") from e
 
 
-def _limits(max_k, max_results, max_request_bytes, max_response_bytes, max_inflight_per_client, max_write_chunks):
+def _limits(max_k, max_results, max_request_bytes, max_response_bytes, max_inflight_per_client, max_write_chunks,
+            header_timeout, body_timeout, max_connections):
     from semsearch.service import Limits
 
     return Limits(max_request_bytes=max_request_bytes, max_k=max_k, max_results=max_results,
                   max_response_bytes=max_response_bytes, max_inflight_per_client=max_inflight_per_client,
-                  max_write_chunks=max_write_chunks)
+                  max_write_chunks=max_write_chunks, header_timeout=header_timeout, body_timeout=body_timeout,
+                  max_connections=max_connections)
 
 
 def _watcher(watch_dir: Path | None, index, device: str, poll: bool):
@@ -598,8 +607,8 @@ def _watcher(watch_dir: Path | None, index, device: str, poll: bool):
 @click.option("--ray-address", default=None, envvar="RAY_ADDRESS", help="With --engine ray: the cluster to join. Default: a new local one.")
 @handle_errors
 def serve(index, host, port, device, read_only, api_key, api_key_file, insecure, allowed_hosts, docs, max_k, max_results,
-          max_request_bytes, max_response_bytes, max_inflight_per_client, max_write_chunks, watch_dir, watch_poll, engine, shards, replicas,
-          ray_address):
+          max_request_bytes, max_response_bytes, max_inflight_per_client, max_write_chunks, header_timeout, body_timeout,
+          max_connections, watch_dir, watch_poll, engine, shards, replicas, ray_address):
     """Serve the index over HTTP: search, embeddings (OpenAI and TEI shapes), document upserts.
 
     Needs `pip install 'semsearch[serve]'`. Listens on loopback unless --host says otherwise;
@@ -608,7 +617,7 @@ def serve(index, host, port, device, read_only, api_key, api_key_file, insecure,
     """
     api_key = _api_key(api_key, api_key_file)
     limits = _limits(max_k, max_results, max_request_bytes, max_response_bytes, max_inflight_per_client,
-                     max_write_chunks)
+                     max_write_chunks, header_timeout, body_timeout, max_connections)
     try:
         from semsearch.exposure import check_exposure
         from semsearch.serve import serve as run_server
@@ -645,7 +654,8 @@ def serve(index, host, port, device, read_only, api_key, api_key_file, insecure,
 @watch_options
 @handle_errors
 def mcp(index, http, device, allow_writes, api_key, api_key_file, insecure, allowed_hosts, max_k, max_results,
-        max_request_bytes, max_response_bytes, max_inflight_per_client, max_write_chunks, watch_dir, watch_poll):
+        max_request_bytes, max_response_bytes, max_inflight_per_client, max_write_chunks, header_timeout, body_timeout,
+        max_connections, watch_dir, watch_poll):
     """Serve the index to AI assistants and agents over the Model Context Protocol.
 
     Tools: search (query, k, mode, where), fetch (a hit's id, or a document id; whole_document),
@@ -656,7 +666,7 @@ def mcp(index, http, device, allow_writes, api_key, api_key_file, insecure, allo
     """
     api_key = _api_key(api_key, api_key_file)
     limits = _limits(max_k, max_results, max_request_bytes, max_response_bytes, max_inflight_per_client,
-                     max_write_chunks)
+                     max_write_chunks, header_timeout, body_timeout, max_connections)
     try:
         from semsearch.exposure import check_exposure
         from semsearch.mcp_server import parse_http, run

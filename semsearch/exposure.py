@@ -349,3 +349,97 @@ def check_exposure(host: str, api_key: str | None, insecure: bool = False) -> No
                          "the index. Give --api-key KEY (or --api-key-file PATH, or set SEMSEARCH_API_KEY), "
                          "or --insecure to serve without one (e.g. behind a proxy that checks keys)")
     log.warning("listening on %s without an API key (--insecure): anyone who can reach it can search the index", host)
+
+
+# ---- connections: what the HTTP server (uvicorn) holds open for a client --------------------------
+# uvicorn closes a kept-alive connection idle between requests (5 s), but holds one forever that
+# never completes a request: a socket that sends nothing, headers at a byte a second, a body that
+# trickles. Neither uvicorn nor h11/httptools has a request-read timeout, so the protocol is
+# extended here (the smallest change that bounds it: two timers per connection); the number of
+# connections is uvicorn's own bound (limit_concurrency: a 503 beyond it).
+TIMEOUT_REPLY = (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
+                 b"content-length: %d\r\n\r\n%s")
+
+
+class _Deadlines:
+    """Mixed into uvicorn's HTTP protocol (server_config): a request's headers must arrive whole
+    within `header_s` of the connection's start or of the previous response, and its body within
+    `body_s` of its headers; past one, the client gets a 408 and the connection closes."""
+
+    header_s = 10.0
+    body_s = 60.0
+    _timer = None
+    _phase: str | None = None  # "headers", "body", or None (a request is being answered)
+    _seen = None  # the request cycle whose headers arrived last
+
+    def _arm(self, phase: str, seconds: float) -> None:
+        self._disarm()
+        self._phase = phase
+        self._timer = self.loop.call_later(seconds, self._too_slow)
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer, self._phase = None, None
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        self._arm("headers", self.header_s)
+
+    def connection_lost(self, exc) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        c = self.cycle
+        if self._phase is None or c is None:
+            return
+        if c is not self._seen:  # a new request's headers are in
+            self._seen = c
+            if c.more_body and self._phase == "headers":
+                self._arm("body", self.body_s)
+            else:
+                self._disarm()
+        elif self._phase == "body" and not c.more_body:
+            self._disarm()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self.transport.is_closing():
+            return
+        c = self._seen = self.cycle
+        if c is not None and not c.response_complete:  # a pipelined request, already read, is being answered
+            if c.more_body:
+                self._arm("body", self.body_s)
+            else:
+                self._disarm()
+        else:
+            self._arm("headers", self.header_s)
+
+    def _too_slow(self) -> None:
+        phase, limit = self._phase, self.header_s if self._phase == "headers" else self.body_s
+        self._timer, self._phase = None, None
+        if self.transport.is_closing():
+            return
+        if not (phase == "body" and self.cycle is not None and self.cycle.response_started):
+            what = "request headers" if phase == "headers" else "request body"
+            body = json.dumps({"error": {"message": f"the {what} did not arrive within {limit:g} s", "type": "timeout",
+                                         "code": 408}}).encode()
+            self.transport.write(TIMEOUT_REPLY % (len(body), body))
+        self.transport.close()
+
+
+def server_config(app, host: str, port: int, log_level: str = "info", *, header_timeout: float = 10.0,
+                  body_timeout: float = 60.0, max_connections: int = 1000):
+    """The uvicorn.Config that serve and mcp --http run: the request deadlines above, at most
+    `max_connections` connections and requests at once (a 503 beyond), no Server header."""
+    import uvicorn
+
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as base
+    except ImportError:  # uvicorn without httptools: its pure-Python parser
+        from uvicorn.protocols.http.h11_impl import H11Protocol as base
+    return uvicorn.Config(app, host=host, port=port, log_level=log_level, server_header=False,
+                          http=type(f"Bounded{base.__name__}", (_Deadlines, base), {"header_s": header_timeout, "body_s": body_timeout}),
+                          limit_concurrency=max_connections)

@@ -361,8 +361,12 @@ def run(index=None, *, http: str | None = None, device: str = "auto", limits: Li
         else:
             import uvicorn
 
-            uvicorn.run(http_app(server, ops, api_key=api_key, host=host, allowed_hosts=allowed_hosts),
-                        host=host, port=port, log_level=log_level, server_header=False)
+            from semsearch.exposure import server_config
+
+            lim = ops.limits
+            uvicorn.Server(server_config(http_app(server, ops, api_key=api_key, host=host, allowed_hosts=allowed_hosts),
+                                         host, port, log_level, header_timeout=lim.header_timeout,
+                                         body_timeout=lim.body_timeout, max_connections=lim.max_connections)).run()
     finally:
         if watch is not None:
             watch.stop()

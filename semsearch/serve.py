@@ -39,7 +39,7 @@ import numpy as np
 
 from semsearch.errors import DocumentNotFound, IndexLocked, InputError, SemsearchError, SettingsMismatch, TooLarge
 from semsearch.exposure import (BodyLimit, Guard, HostPolicy, Scrubber, check_api_key, check_exposure, is_loopback,  # noqa: F401
-                                read_key_file, render_json, safe_text, shown_path)
+                                read_key_file, render_json, safe_text, server_config, shown_path)
 from semsearch.exposure import _orjson  # noqa: F401  (tests check that the serve extra brings orjson)
 from semsearch.limits import MAX_DEPTH, MAX_WHERE_CONDITIONS, body_problem, json_body_problem, too_deep, unencodable
 from semsearch.service import (MODES, LimitExceeded, Limits, Operations, ReadOnly, SerialEncoder, Service,  # noqa: F401
@@ -535,4 +535,6 @@ def serve(index=None, host: str = "127.0.0.1", port: int = 8000, device: str = "
     if not is_loopback(host) and not read_only:
         log.warning("listening on %s: whoever has the API key can search and change the index (--read-only to refuse writes)", host)
     app = create_app(Service(index, device), limits, read_only, api_key=api_key, host=host, allowed_hosts=allowed_hosts, docs=docs)
-    uvicorn.run(app, host=host, port=port, log_level=log_level, server_header=False)
+    lim = limits or Limits()
+    uvicorn.Server(server_config(app, host, port, log_level, header_timeout=lim.header_timeout, body_timeout=lim.body_timeout,
+                                 max_connections=lim.max_connections)).run()

@@ -59,6 +59,9 @@ class Limits:
     max_explained: int = 100  # hits explained in one search (explain=true; each may encode its chunk again)
     max_body_values: int = 100_000  # JSON values in one HTTP request body (counted before it is validated)
     max_write_chunks: int = 2048  # chunks one write may encode (413 before any is: a 7.5 MB text makes ~6,800)
+    header_timeout: float = 10.0  # seconds for a request's headers to arrive (HTTP: 408 and closed past it)
+    body_timeout: float = 60.0  # seconds for its body to arrive once its headers have
+    max_connections: int = 1000  # HTTP connections and requests at once (503 beyond)
 
 
 class _Pending:
