@@ -471,6 +471,41 @@ def create_app(service: Service, limits: Limits | None = None, read_only: bool =
     return app
 
 
+ERROR_SCHEMA = {"type": "object", "required": ["error"], "properties": {"error": {
+    "type": "object", "required": ["message", "type", "code"],
+    "properties": {"message": {"type": "string"}, "type": {"type": "string"}, "code": {"type": "integer"},
+                   "details": {"type": "array", "items": {"type": "object"}}}}}}
+ERRORS = {400: "malformed request: its JSON, or a header given twice (Host, Authorization)",
+          401: "no API key, or a wrong one", 403: "a write to a read-only server",
+          404: "no such document (or path)", 408: "the request did not arrive in time (--header-timeout, --body-timeout)",
+          409: "another process is writing the index, or the write's settings differ from the index's",
+          413: "the body, or the chunks a write would encode, past the server's limits",
+          415: "a body that is not JSON (Content-Type)", 422: "a value outside what the operation takes (the message names it)",
+          429: "too many requests of this client at once (--max-inflight-per-client)",
+          500: "an internal error (the server log has it)", 503: "the index is not available now, or --max-connections is reached"}
+
+
+def _error_responses(schema: dict, bearer: bool) -> None:
+    """Each operation's error answers, all of one shape ({"error": {message, type, code}}), in
+    place of FastAPI's validation-error schema (the server never gives that shape)."""
+    schema.setdefault("components", {}).setdefault("schemas", {})["Error"] = ERROR_SCHEMA
+    schema["components"]["schemas"].pop("HTTPValidationError", None)
+    schema["components"]["schemas"].pop("ValidationError", None)
+    for path, ops in schema.get("paths", {}).items():
+        for method, op in ops.items():
+            codes = {400, 408, 422, 429, 500, 503}
+            if method in ("post", "put", "patch"):
+                codes |= {413, 415}
+            if path == "/documents" or path.startswith("/documents/"):
+                codes |= {403, 404, 409, 413}
+            if bearer and path not in UNAUTHENTICATED_PATHS:
+                codes.add(401)
+            responses = op.setdefault("responses", {})
+            for code in sorted(codes):
+                responses[str(code)] = {"description": ERRORS[code],
+                                        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
+
+
 def _openapi(app, bearer: bool) -> None:
     """/openapi.json: FastAPI's schema, with the request bodies the routes parse themselves
     (BODY_MODELS) as components, and (`bearer`) the bearer scheme named, so /docs offers an
@@ -486,6 +521,7 @@ def _openapi(app, bearer: bool) -> None:
                 schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
             for ops in schema.get("paths", {}).values():
                 ops.pop("head", None)
+            _error_responses(schema, bearer)
             components = schema.setdefault("components", {}).setdefault("schemas", {})
             for model in BODY_MODELS:
                 own = model.model_json_schema(ref_template="#/components/schemas/{model}")

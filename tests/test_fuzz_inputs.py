@@ -197,8 +197,10 @@ def api(tmp_path_factory):
 
 def test_fuzz_http_api(api):
     """Every operation of the served OpenAPI schema, with schemathesis' generated requests
-    (valid and invalid): never a 5xx; the corpus' chunks survive every write and delete."""
-    from schemathesis.checks import not_a_server_error
+    (valid and invalid): never a 5xx, every status and error body one the schema declares; the
+    corpus' chunks survive every write and delete."""
+    from schemathesis.checks import (content_type_conformance, not_a_server_error, response_schema_conformance,
+                                     status_code_conformance)
 
     schema, idx = api
     calls: Counter = Counter()
@@ -214,7 +216,8 @@ def test_fuzz_http_api(api):
             calls[op.label] += 1
             statuses[response.status_code // 100 * 100] += 1
             assert response.status_code < 500, f"{op.label}: {response.status_code} {response.text[:500]}"
-            case.validate_response(response, checks=[not_a_server_error])
+            case.validate_response(response, checks=[not_a_server_error, status_code_conformance, content_type_conformance,
+                                                      response_schema_conformance])
 
         check()
     print(f"\nfuzz http: {sum(calls.values())} requests ({dict(sorted(statuses.items()))}): "
