@@ -417,6 +417,22 @@ class _Deadlines:
         else:
             self._arm("headers", self.header_s)
 
+    def on_headers_complete(self) -> None:
+        """(httptools) An absolute-form target (`GET http://host/path`): its authority is the
+        request's host, not the Host header (RFC 9112 3.2.2), so the Host check sees that one."""
+        url = getattr(self, "url", b"")
+        if url[:1] not in (b"/", b"*"):
+            import httptools
+
+            try:
+                u = httptools.parse_url(url)
+            except Exception:  # noqa: BLE001 - the parser's own handling answers it
+                u = None
+            if u is not None and u.host:
+                host = u.host + (b":%d" % u.port if u.port else b"")
+                self.headers[:] = [(k, v) for k, v in self.headers if k != b"host"] + [(b"host", host)]
+        super().on_headers_complete()
+
     def _too_slow(self) -> None:
         phase, limit = self._phase, self.header_s if self._phase == "headers" else self.body_s
         self._timer, self._phase = None, None

@@ -145,3 +145,16 @@ def test_the_cli_passes_the_connection_bounds_to_the_server(tmp_path, monkeypatc
                                   "--max-connections", "12"])
     assert r.exit_code == 0, r.output
     assert (got[-1].header_timeout, got[-1].body_timeout, got[-1].max_connections) == (3.0, 7.5, 12)
+
+
+def test_an_absolute_form_target_is_checked_as_its_host(app):
+    """`GET http://evil.example/info`: the target's authority is the request's host (RFC 9112
+    3.2.2), so the Host check refuses it whatever the Host header says."""
+    pytest.importorskip("httptools")  # uvicorn's parser where installed; its pure-Python one answers 404 to such a target
+    with served(app) as port:
+        for target, ok in ((b"http://evil.example/health", False), (b"http://127.0.0.1:%d/health" % port, True),
+                           (b"/health", True)):
+            s = connect(port)
+            s.sendall(b"GET " + target + b" HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+            got, _ = read_all(s)
+            assert got.startswith(b"HTTP/1.1 200") == ok, (target, got[:200])
