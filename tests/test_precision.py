@@ -76,9 +76,11 @@ def test_resolve_precision_auto_follows_the_rule(cpu, monkeypatch):
 @pytest.mark.parametrize("flags, float_index", [(AMX, "bf16"), (AVX512_BF16, "bf16"), (AVX2, "fp32"), (OLD_X86, "fp32")])
 def test_an_index_keeps_its_own_arithmetic(cpu, flags, float_index):
     """`auto` for new indexes changed on AVX-512-BF16 CPUs; an existing index did not: an int8 index
-    is encoded in int8, a float one in bf16 or fp32 (never int8), whatever auto would pick."""
+    is encoded in int8, an fp32 one in fp32, a bf16 or fp16 one in bf16 or fp32 (never int8),
+    whatever auto would pick."""
     cpu(flags)
-    for index_precision in ("fp32", "bf16", "fp16"):
+    assert hardware.precision_for_index("fp32", "cpu") == "fp32"
+    for index_precision in ("bf16", "fp16"):
         assert hardware.precision_for_index(index_precision, "cpu") == float_index
     assert hardware.precision_for_index("int8", "cpu") == "int8"
     assert hardware.precision_for_index("int8", "cuda") == "fp16"

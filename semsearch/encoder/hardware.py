@@ -134,9 +134,11 @@ def int8_is_fast() -> bool:
 def precision_for_index(index_precision: str, device: str) -> str:
     """The precision to encode with for an index built in index_precision, on a resolved device
     ('cpu' or 'cuda'): its own arithmetic where this machine has it, so that a query and the
-    chunks added later land where the index's vectors are. The float precisions agree with each
-    other to a cosine of 0.9999; int8 agrees with them to 0.98-0.99 only, so an int8 index is
-    encoded in int8 and a float index never is."""
+    chunks added later land where the index's vectors are. An fp32 index stays fp32 (a bf16 query
+    vector is ~2e-3 from its fp32 one, and bf16 padding makes it depend on what it is batched
+    with); a bf16 or fp16 one is encoded in bf16 where the CPU has bf16 units, else fp32 (the
+    float precisions agree to a cosine of 0.9999); int8 agrees with them to 0.98-0.99 only, so an
+    int8 index is encoded in int8 and a float index never is."""
     if device == "cuda":
         return "fp16"
     if index_precision == "int8":
@@ -144,5 +146,7 @@ def precision_for_index(index_precision: str, device: str) -> str:
             return "int8"
         logging.getLogger(__name__).warning("this index was built in int8, but ONNX Runtime is not installed: encoding in fp32 "
                                             "(cosine 0.98-0.99 to its vectors); pip install onnxruntime onnx to match them")
+        return "fp32"
+    if index_precision == "fp32":
         return "fp32"
     return "bf16" if cpu_has_fast_bf16() else "fp32"
