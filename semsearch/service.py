@@ -71,6 +71,13 @@ class _Pending:
         self.texts, self.queries, self.result, self.error, self.done = texts, queries, None, None, False
 
 
+def _pads_exactly(encoder) -> bool:
+    """Whether padding a text beside longer ones leaves its vector as it is alone (to float
+    rounding): so in fp32 and int8 (which pools text by text); not in bf16 or fp16, where the
+    padded positions change the arithmetic (a vector 1e-3 from its own)."""
+    return getattr(encoder, "pads_exactly", getattr(encoder, "precision", "fp32") not in ("bf16", "fp16"))
+
+
 class SerialEncoder:
     """The index's encoder, one pass at a time (it already uses every core), with the texts of
     requests that arrived meanwhile encoded together in that pass: while one pass runs, callers
@@ -121,6 +128,9 @@ class SerialEncoder:
                     rest.append(it)
             self._queue = rest
         encode = self._enc.encode_queries if queries else self._enc.encode
+        if not _pads_exactly(self._enc) and len(batch) > 1:
+            self._encode_unpadded(batch, encode)
+            return
         try:
             vecs = encode([t for it in batch for t in it.texts], progress=False)  # (n, D)
         except Exception:
@@ -139,6 +149,38 @@ class SerialEncoder:
         for it in batch:
             it.result, it.done = vecs[start:start + len(it.texts)], True
             start += len(it.texts)
+
+    def _encode_unpadded(self, batch: list[_Pending], encode) -> None:
+        """A pass for an encoder whose vectors change with padding (bf16, fp16): callers' texts
+        of one token length are encoded together (no padding between them), and a caller of
+        several texts alone, so each gets the vectors its call would get alone."""
+        groups: dict[int, list[_Pending]] = {}
+        for i, it in enumerate(batch):
+            key = -1 - i  # alone
+            if len(it.texts) == 1:
+                try:
+                    key = min(len(self._enc.token_offsets(it.texts[0])), self._enc.max_length)
+                except Exception:  # noqa: BLE001 - encoded alone, where its error reaches its caller
+                    pass
+            groups.setdefault(key, []).append(it)
+        for group in groups.values():
+            try:
+                vecs = encode([t for it in group for t in it.texts], progress=False)
+            except Exception as e:  # noqa: BLE001 - one caller's bad input must not fail the others
+                for it in group:
+                    try:
+                        it.result = encode(it.texts, progress=False) if len(group) > 1 else None
+                        it.error = None if len(group) > 1 else e
+                    except Exception as e2:  # noqa: BLE001 - reported to its caller
+                        it.error = e2
+                    it.done = True
+                continue
+            self.passes += 1
+            self.texts += len(vecs)
+            start = 0
+            for it in group:
+                it.result, it.done = vecs[start:start + len(it.texts)], True
+                start += len(it.texts)
 
     def run_alone(self, fn, *args):
         """fn(encoder, *args) while no other pass runs (an explanation encodes hits' texts itself)."""

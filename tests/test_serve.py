@@ -462,3 +462,29 @@ def test_rendered_json_is_the_standard_librarys():
     odd = {"text": "lone \ud800 surrogate", "big": 2**70}
     out = serve._render(odd)
     assert json.loads(out) == odd and b"\\ud800" in out
+
+
+def test_concurrent_queries_get_the_vectors_they_get_alone_where_padding_changes_them():
+    """An encoder whose vectors change with padding (as bf16's do): texts queued together are
+    encoded in passes without padding between them, so every caller gets exactly the vectors of
+    its call alone, one text or several, however the calls interleave."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from semsearch.serve import _SerialEncoder
+
+    class PadsLikeBf16(FakeEncoder):
+        precision = "bf16"
+
+        def encode(self, texts, progress=None):
+            time.sleep(0.003)  # a pass takes a while, so callers queue up behind it
+            v = super().encode(texts, progress)
+            lens = np.array([len(self.token_offsets(t)) for t in texts])
+            return v + 1e-3 * (lens.max() - lens)[:, None]  # what padding does to a shorter text
+
+    ref, enc = PadsLikeBf16(), _SerialEncoder(PadsLikeBf16(), max_batch=16)
+    calls = [[f"query {'word ' * (i % 3)}{i}"] if i % 5 else [f"a {i}", f"longer text number {i} here"] for i in range(80)]
+    with ThreadPoolExecutor(8) as pool:
+        out = list(pool.map(enc.encode, calls))
+    assert enc.passes < len(calls)  # callers did share passes
+    for c, v in zip(calls, out):
+        assert np.array_equal(v, ref.encode(c)), c
