@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 
 CALL_TIMEOUT_S = 120.0  # one shard call (a busy 2-core machine answers in milliseconds; a dead replica never)
 RETRIES = 8  # per shard call, with RETRY_WAIT_S between: Serve starts a new replica meanwhile
+PROXY_READY_S = 60  # seconds Ray Serve's HTTP proxy may take to start (its default: 5)
 RETRY_WAIT_S = 0.5
 
 
@@ -153,6 +154,10 @@ def serve_ray(index=None, host: str = "127.0.0.1", port: int = 8000, *, shards: 
     check_exposure(host, api_key, insecure)
     app = build_app(index, shards, replicas, device=device, limits=limits, read_only=read_only, api_key=api_key,
                     host=host, allowed_hosts=allowed_hosts)
+    # Ray Serve gives its HTTP proxy 5 s to report ready, three times, then kills it: on a busy
+    # machine a new proxy's imports alone take longer (seen on 2 loaded cores). A new local
+    # cluster's processes inherit this; a cluster joined keeps its own setting.
+    os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", str(PROXY_READY_S))
     ray.init(address=ray_address or os.environ.get("RAY_ADDRESS") or None, include_dashboard=False)
     serve.start(http_options={"host": host, "port": port})
     serve.run(app, name="semsearch", route_prefix="/", blocking=True)

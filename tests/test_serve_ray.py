@@ -57,6 +57,9 @@ def cluster(tmp_path_factory):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    from semsearch.serve_ray import PROXY_READY_S
+
+    os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", str(PROXY_READY_S))  # as serve_ray sets it: a busy CPU
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, namespace="semsearch-test")
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
