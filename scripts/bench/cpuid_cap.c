@@ -9,7 +9,7 @@
  * instruction, at no cost to any other instruction: the handler runs the real CPUID and clears the
  * bits of the ISA extensions named in CPUID_CAP.
  *
- * Build:  gcc -O2 -shared -fPIC -o cpuid_cap.so cpuid_cap.c   (scripts/bench_encode.py --cpu-cap does this)
+ * Build:  gcc -O2 -shared -fPIC -o cpuid_cap.so cpuid_cap.c   (scripts/bench/bench_encode.py --cpu-cap does this)
  * Use:    CPUID_CAP=avx2 LD_PRELOAD=/path/cpuid_cap.so python ...
  *   CPUID_CAP=avx2          AVX2 + FMA only: no AVX-512, AVX-VNNI, AMX (an AVX2-only EPYC or Haswell-Broadwell Xeon)
  *   CPUID_CAP=avx512        AVX-512 F/CD/BW/DQ/VL, no VNNI/BF16/FP16/AMX (Skylake-SP class)
