@@ -290,10 +290,14 @@ class ShardedSearch:
         mode = fusion_.check_mode(mode or ("hybrid" if all(p["has_lexical"] for p in prep) else "dense"))
         if mode != "dense" and not all(p["has_lexical"] for p in prep):
             raise InputError(f"{self.folder} was built before lexical search; use mode dense")
+        # chunks the filter lets through, per shard (None: no filter; a shard that holds no
+        # segment says None under a filter too, and lets nothing through)
         counts = [p["allowed"] for p in prep]
-        if counts[0] is not None and not sum(counts):
+        filtered = any(c is not None for c in counts)
+        allowed = sum(c or 0 for c in counts)
+        if filtered and not allowed:
             return [[] for _ in queries]
-        exact = counts[0] is not None and sum(counts) <= EXACT_BELOW
+        exact = filtered and allowed <= EXACT_BELOW
         n, total = sum(p["n"] for p in prep), sum(p["total"] for p in prep)
         stats = [{"n": n, "total": total, "df": {int(h): int(sum(p["df"][q][t] for p in prep)) for t, h in enumerate(hs)}}
                  for q, hs in enumerate(hashes)]

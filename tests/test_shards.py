@@ -164,3 +164,20 @@ def test_explanations_equal_one_process(index, real_encoder, shards):
                 for ha, hb in zip(a, b):
                     assert hb.explanation is not None and hb.explanation["mode"] == mode
                     assert not close(ha.explanation, hb.explanation), (mode, where, close(ha.explanation, hb.explanation)[:5])
+
+
+def test_more_shards_than_segments_answer_filtered_searches_as_one_process(tmp_path, real_encoder):
+    """A fresh index is one segment: served by 3 shards, two hold nothing. A filtered search is
+    answered as one process answers it (it was a TypeError: an empty shard counted None)."""
+    enc = real_encoder
+    folder = tmp_path / "idx"
+    index_corpus(SAMPLE, folder, enc, progress=False)
+    one = Retriever.load(folder, encoder=enc)
+    assert len(one.manifest.segments) == 1
+    router = ShardedSearch(folder, local_fanout([Shard(folder, i, 3) for i in range(3)]), enc)
+    for mode in ("dense", "lexical", "hybrid"):
+        for where in (None, ["path:*.md"], {"$path": "*.csv"}, ["path:*.nothing"]):
+            want = one.search_batch(QUERIES, 10, mode=mode, where=where)
+            got = router.search_batch(QUERIES, 10, mode=mode, where=where)
+            for q, a, b in zip(QUERIES, want, got):
+                assert_same(key(a), key(b), (mode, where, q))
