@@ -133,9 +133,10 @@ class SerialEncoder:
             return
         try:
             vecs = encode([t for it in batch for t in it.texts], progress=False)  # (n, D)
-        except Exception:
-            if len(batch) == 1:
-                raise
+        except Exception as e:
+            if len(batch) == 1:  # its caller raises it (the pass may run on another caller's thread)
+                batch[0].error, batch[0].done = e, True
+                return
             for it in batch:  # one caller's bad input must not fail the others
                 try:
                     it.result = encode(it.texts, progress=False)

@@ -488,3 +488,26 @@ def test_concurrent_queries_get_the_vectors_they_get_alone_where_padding_changes
     assert enc.passes < len(calls)  # callers did share passes
     for c, v in zip(calls, out):
         assert np.array_equal(v, ref.encode(c)), c
+
+
+def test_a_failed_pass_reaches_the_caller_whose_text_failed():
+    """A pass runs on whichever caller's thread holds the encoder: when it encodes another
+    caller's text alone and that fails, the error goes to that caller, and this one's own text
+    is encoded next (it used to get the other's error, and the other an empty queue)."""
+    from semsearch.service import _Pending
+    from semsearch.serve import _SerialEncoder
+
+    class Picky(FakeEncoder):
+        def encode(self, texts, progress=None):
+            if any("boom" in t for t in texts):
+                raise InputError("cannot encode boom")
+            return super().encode(texts, progress)
+
+    enc = _SerialEncoder(Picky())
+    other = _Pending(["boom"], queries=False)
+    enc._queue.append(other)  # queued by another thread before this one took the encoder
+    enc._enc.query_tower = object()  # this caller's queries go in passes of their own kind
+    enc._enc.encode_queries = enc._enc.encode
+    out = enc.encode_queries(["fine text"])
+    np.testing.assert_allclose(out, FakeEncoder().encode(["fine text"]), atol=1e-6)
+    assert other.done and isinstance(other.error, InputError)
