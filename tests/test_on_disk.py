@@ -457,12 +457,18 @@ def test_sweeps_over_a_vector_file_leave_its_pages_unmapped(tmp_path, storage):
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/smaps") or not hasattr(os, "preadv"),
                     reason="needs Linux's /proc/self/smaps and preadv")
-def test_building_a_segments_vector_index_leaves_its_file_unmapped(tmp_path):
+@pytest.mark.parametrize("whole", [True, False], ids=["read-whole", "scattered-preads"])
+def test_building_a_segments_vector_index_leaves_its_file_unmapped(tmp_path, monkeypatch, whole):
     """A new segment's IVF is trained, filled and tuned against its vector file: the tuning
     re-ranks 500 queries' candidates, scattered over the file, which gathered from the map left
     the whole file mapped in the build (0.77 GB at 1M chunks, 7.7 GB at 10M). The reads are
-    sweeps (pread) and the pages go at the end; the tuning reaches the same recall."""
+    sweeps (pread) and the pages go at the end; the tuning reaches the same recall. A file of at
+    most SWEEP_IN_MEMORY bytes is read whole with one pread; a larger one (made so here by a
+    limit of 0) run by run."""
     from semsearch.store import merge
+
+    if not whole:
+        monkeypatch.setattr(vecfile, "SWEEP_IN_MEMORY", 0)
 
     rng = np.random.default_rng(0)
     n, dim = 60_000, 64
@@ -472,8 +478,11 @@ def test_building_a_segments_vector_index_leaves_its_file_unmapped(tmp_path):
     path = tmp_path / "vectors.1.vec"
     vecfile.write(path, np.arange(n, dtype=np.int64), vecs, storage="fp16")
     vf = vecfile.VectorFile(path)
+    reads = []
+    monkeypatch.setattr(vf, "_read_all", lambda real=vf._read_all: reads.append(1) or real())
     vi, entry = merge.build_vectors(vf, dim, "ivf-fastscan", n, 0.95)
     assert entry["type"] == "ivf-fastscan" and entry["recall"]["recall"] >= 0.95
+    assert reads == ([1] if whole else []) and getattr(vf, "_held", None) is None  # the buffer goes with the sweep
     assert mapped_rss(path) < path.stat().st_size // 16, (mapped_rss(path), path.stat().st_size)
     q = vecs[:5]
     _, ids = vi.search(q, 10)
@@ -508,3 +517,27 @@ def test_scattered_sweeps_read_their_rows_without_mapping_them(tmp_path, monkeyp
     for i in (0, 4, 8):  # each list's rows, read back together, are the rows written
         got = vf2.get(lists[i])
         np.testing.assert_array_equal(got, want[lists[i]])
+
+
+def test_a_sweep_over_a_small_file_reads_it_whole_and_gives_the_rows_of_the_map(tmp_path):
+    """sweeping() on a file of at most SWEEP_IN_MEMORY bytes: one pread of every row, reads
+    inside the block come from that buffer (the rows of the map, fp16 widened), and the buffer
+    goes at the end of the block; a sweep inside a sweep keeps the outer one's buffer."""
+    rng = np.random.default_rng(5)
+    ids = np.arange(100, 1100, dtype=np.int64)
+    vecs = rng.standard_normal((1000, 24)).astype(np.float32)
+    for storage in ("fp32", "fp16"):
+        path = tmp_path / f"v-{storage}.vec"
+        vecfile.write(path, ids, vecs, storage=None if storage == "fp32" else storage)
+        vf = vecfile.VectorFile(path)
+        want = vf.get(ids[::7])
+        with vf.sweeping():
+            assert vf._held is not None and vf._held.dtype == vf._rows.dtype
+            np.testing.assert_array_equal(vf.get(ids[::7]), want)
+            got_ids, got = vf.get_file_order(ids[[900, 3, 500]])
+            np.testing.assert_array_equal(got, vf.matrix[got_ids - 100].astype(np.float32))
+            with vf.sweeping():
+                inner = vf._held
+            assert vf._held is inner
+        assert vf._held is None
+        np.testing.assert_array_equal(vf.get(ids[::7]), want)

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from semsearch.encoder.hardware import resolve_device, resolve_precision
-from semsearch.encoder.models import DEFAULT_MODEL, default_model_path, fingerprint_folder, resolve_model  # noqa: F401
+from semsearch.encoder.models import DEFAULT_MODEL, default_model_path, fingerprint_folder, is_bert_folder, resolve_model  # noqa: F401
 from semsearch.encoder.tokens import table_of
 from semsearch.encoder.pooling import POOLINGS, AttentionHead, check_pooling, pool
 from semsearch.errors import InputError, ModelError
@@ -68,7 +68,7 @@ class Encoder:
         self._auto_precision = precision == "auto"
         self.folder = where if isinstance(where, Path) else None
         self._chunk_tokenizer = None
-        if isinstance(where, Path) and _is_bert_folder(where):
+        if isinstance(where, Path) and is_bert_folder(where):
             self._load_native(where, max_length)
         else:
             self._load_st(where, max_length)
@@ -375,22 +375,6 @@ def _few_threads(enc, texts):
         yield
     finally:
         torch.set_num_threads(before)
-
-
-def _is_bert_folder(folder: Path) -> bool:
-    cfg = folder / "config.json"
-    if not cfg.exists():
-        raise ModelError(f"{folder}: not a model folder (no config.json)")
-    try:
-        raw = json.loads(cfg.read_text(encoding="utf-8"))
-    except ValueError as e:
-        raise ModelError(f"{cfg}: not valid JSON: {e}") from e
-    return (
-        raw.get("model_type") == "bert"
-        and raw.get("position_embedding_type", "absolute") == "absolute"
-        and (folder / "model.safetensors").exists()
-        and (folder / "tokenizer.json").exists()
-    )
 
 
 def _model_max_length(folder: Path, positions: int) -> int:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from pathlib import Path
 
@@ -57,3 +58,21 @@ def weight_stats(folder: Path) -> dict[str, list[int]]:
 def _fingerprinted(folder: Path) -> list[Path]:
     files = sorted(folder.glob("*.safetensors")) or sorted(folder.glob("*.bin"))
     return [f for f in [folder / "config.json", *files] if f.exists()]
+
+
+def is_bert_folder(folder: Path) -> bool:
+    """Whether `folder` holds a BERT-family model the native encoder runs (absolute positions,
+    safetensors weights, a fast tokenizer); torch-free, so that chunking workers can ask."""
+    cfg = folder / "config.json"
+    if not cfg.exists():
+        raise ModelError(f"{folder}: not a model folder (no config.json)")
+    try:
+        raw = json.loads(cfg.read_text(encoding="utf-8"))
+    except ValueError as e:
+        raise ModelError(f"{cfg}: not valid JSON: {e}") from e
+    return (
+        raw.get("model_type") == "bert"
+        and raw.get("position_embedding_type", "absolute") == "absolute"
+        and (folder / "model.safetensors").exists()
+        and (folder / "tokenizer.json").exists()
+    )

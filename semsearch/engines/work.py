@@ -122,12 +122,18 @@ def embed_table(table, encoder, keep_states: bool):
 
 @functools.lru_cache(maxsize=2)
 def offsets_for(spec: EncodeSpec) -> Callable[[str], list[tuple[int, int]]]:
-    """The chunker's tokenizer for spec's model, once a worker process: the tokenizer alone for
-    BERT-family folders (as Encoder.token_offsets), else a whole encoder on the CPU."""
-    from semsearch.encoder.encoder import _is_bert_folder
+    """The chunker's tokenizer for spec's model, once a worker process (a Ray worker runs many
+    chunking tasks): the tokenizer alone for BERT-family folders (as Encoder.token_offsets, and
+    without importing torch, which costs a chunking worker seconds), else a whole encoder on the CPU."""
+    return _offsets_for(spec)
+
+
+@functools.lru_cache(maxsize=4)
+def _offsets_for(spec: EncodeSpec) -> Callable[[str], list[tuple[int, int]]]:
+    from semsearch.encoder.models import is_bert_folder
 
     folder = Path(spec.model)
-    if folder.is_dir() and _is_bert_folder(folder):
+    if folder.is_dir() and is_bert_folder(folder):
         from tokenizers import Tokenizer
 
         tok = Tokenizer.from_file(str(folder / "tokenizer.json"))

@@ -49,6 +49,10 @@ _ORDERED_MAGIC = {v: k for k, v in ORDERED.items()}
 
 _GAP = 16  # read_rows: rows this close together are read in one run (what lies between too)
 _MAX_RUNS = 256  # more runs than this (~1.5 us of Python a read): gathered from the map instead
+# sweeping(): a file whose rows take at most this many bytes is read whole, with one pread, into
+# this process's memory for the sweep. A sweep's scattered reads cost ~2 us of Python each: the
+# recall tuning of a 3,000-chunk segment made 2.1M of them (10 s) to read a 1.2 MB file.
+SWEEP_IN_MEMORY = 64 << 20
 
 
 _BIAS = np.float32(2.0 ** 112)  # widen(): fp16 exponent bias 15 -> float32's 127
@@ -300,6 +304,9 @@ class VectorFile:
         batches held 1.5 GB of the vector file mapped at once, and at 10M they would hold ~15 GB
         (page cache, but counted in the build's RSS; docs/benchmarks.md)."""
         rows = np.asarray(rows, np.int64)
+        held = getattr(self, "_held", None)
+        if held is not None:  # a small file read whole for a sweep (sweeping())
+            return widen(held[rows])
         sweep = sweep or getattr(self, "_sweeping", False)
         fh = getattr(self, "_fh", None)
         if fh is None or len(rows) < 2 or not hasattr(os, "preadv"):  # (no preadv: macOS before 11)
@@ -364,13 +371,29 @@ class VectorFile:
         let go of at the end: for a build that searches a file no reader has yet (the recall
         tuning of a new segment re-ranks 500 queries' candidates against it, which gathered from
         the map held the whole file mapped: 0.77 GB at 1M chunks). Not for a file readers share."""
-        before = getattr(self, "_sweeping", False)
+        before, held = getattr(self, "_sweeping", False), getattr(self, "_held", None)
         self._sweeping = True
+        if (held is None and self._rows.nbytes <= SWEEP_IN_MEMORY and getattr(self, "_fh", None) is not None
+                and hasattr(os, "preadv")):
+            self._held = self._read_all()
         try:
             yield self
         finally:
-            self._sweeping = before
+            self._sweeping, self._held = before, held
             self.release()
+
+    def _read_all(self) -> np.ndarray:
+        """Every row of the file (in file order), read with one pread into a private buffer."""
+        buf = np.empty(self._rows.shape, self._rows.dtype)
+        view = memoryview(buf).cast("B")
+        first = _vectors_at(len(self.ids), self.ordered)
+        at = 0
+        while at < len(view):  # (a read may return less than asked for)
+            got = os.preadv(self._fh.fileno(), [view[at:]], first + at)
+            if not got:
+                raise ValueError(f"{self.path.name}: truncated (rows end before the header says)")
+            at += got
+        return buf
 
     def release(self) -> None:
         """Unmap the pages of the file this process has touched (madvise DONTNEED on the map):
