@@ -17,8 +17,11 @@ on answers Stale, so the router searches again on the newest: no answer mixes tw
 """
 from __future__ import annotations
 
+import contextlib
+import ipaddress
 import logging
 import os
+import signal
 import time
 from typing import Any, Iterable
 
@@ -30,6 +33,7 @@ CALL_TIMEOUT_S = 120.0  # one shard call (a busy 2-core machine answers in milli
 RETRIES = 8  # per shard call, with RETRY_WAIT_S between: Serve starts a new replica meanwhile
 PROXY_READY_S = 60  # seconds Ray Serve's HTTP proxy may take to start (its default: 5)
 RETRY_WAIT_S = 0.5
+LOOPBACK_ENV = "SEMSEARCH_RAY_LOOPBACK"  # set for a local cluster kept on loopback (local_cluster_on_loopback)
 
 
 class ShardUnavailable(SemsearchError):
@@ -113,6 +117,7 @@ def build_app(index, shards: int = 1, replicas: int = 1, *, device: str = "cpu",
         def __init__(self, folder: str, i: int, n: int, device: str):
             from semsearch.shards import Shard
 
+            replica_grpc_on_loopback()
             self.shard = Shard(folder, i, n, device)
 
         def call(self, method: str, *args):
@@ -126,6 +131,7 @@ def build_app(index, shards: int = 1, replicas: int = 1, *, device: str = "cpu",
             from semsearch.serve import create_app
             from semsearch.service import ShardedService
 
+            replica_grpc_on_loopback()
             service = ShardedService(folder, ray_fanout(handles), device=device, encoder=encoder() if encoder else None)
             self._asgi = create_app(service, limits, read_only,
                                   api_key=api_key, host=host, allowed_hosts=allowed_hosts)
@@ -142,7 +148,13 @@ def build_app(index, shards: int = 1, replicas: int = 1, *, device: str = "cpu",
 def serve_ray(index=None, host: str = "127.0.0.1", port: int = 8000, *, shards: int = 1, replicas: int = 1,
               ray_address: str | None = None, device: str = "cpu", limits=None, read_only: bool = False,
               api_key: str | None = None, insecure: bool = False, allowed_hosts: Iterable[str] = ()) -> None:
-    """Start (or join, `ray_address`) a Ray cluster, run the application, and serve until interrupted."""
+    """Start (or join, `ray_address`) a Ray cluster, run the application, and serve until
+    interrupted (Ctrl-C or SIGTERM: the application and a cluster this call started are shut down,
+    and it returns). A new local cluster on a loopback `host` binds its own ports (GCS, raylet,
+    workers, replicas) to loopback too (local_cluster_on_loopback)."""
+    address = ray_address or os.environ.get("RAY_ADDRESS") or None
+    if address is None and _is_loopback(host):
+        local_cluster_on_loopback()
     _require()
     import ray
     from ray import serve
@@ -158,6 +170,72 @@ def serve_ray(index=None, host: str = "127.0.0.1", port: int = 8000, *, shards: 
     # machine a new proxy's imports alone take longer (seen on 2 loaded cores). A new local
     # cluster's processes inherit this; a cluster joined keeps its own setting.
     os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", str(PROXY_READY_S))
-    ray.init(address=ray_address or os.environ.get("RAY_ADDRESS") or None, include_dashboard=False)
-    serve.start(http_options={"host": host, "port": port})
-    serve.run(app, name="semsearch", route_prefix="/", blocking=True)
+    ray.init(address=address, include_dashboard=False)
+    previous = signal.signal(signal.SIGTERM, _sigterm_stops)  # (ray.init sets one that exits mid-call)
+    try:
+        serve.start(http_options={"host": host, "port": port})
+        serve.run(app, name="semsearch", route_prefix="/", blocking=True)
+    except KeyboardInterrupt:
+        log.warning("stopping: the application and its replicas are shut down")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        with contextlib.suppress(Exception):  # (a cluster that is already gone)
+            serve.shutdown()
+        ray.shutdown()
+
+
+def _sigterm_stops(signum, frame) -> None:
+    """SIGTERM as Ctrl-C: serve_ray shuts down what it started and returns (exit status 0),
+    where Ray's own handler exited from inside whatever call was running, with a stack dump."""
+    raise KeyboardInterrupt
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def local_cluster_on_loopback() -> None:
+    """Make the local Ray cluster this process starts bind its ports to loopback. Ray (2.5x)
+    binds a node's servers to its node IP, which it resolves to a reachable interface even when
+    asked for 127.0.0.1 (resolve_ip_for_localhost) unless clusters are off
+    (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0, read when Ray is imported): then the node IP is
+    loopback, and so is every server's address. Must run before `import ray`; where Ray is
+    already imported, its constant is set the same way. Not for a multi-node cluster (serve
+    --ray-address joins one, and keeps its addresses)."""
+    import sys
+
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    os.environ[LOOPBACK_ENV] = "1"  # the cluster's processes inherit it: replica_grpc_on_loopback
+    constants = sys.modules.get("ray._private.ray_constants")
+    if constants is not None:
+        constants.ENABLE_RAY_CLUSTER = False
+
+
+def replica_grpc_on_loopback() -> None:
+    """In a Ray Serve replica of a loopback cluster (local_cluster_on_loopback): its
+    inter-deployment gRPC server listens on loopback, not on every interface. Ray Serve (2.5x)
+    binds that server to "[::]:0" with no setting to change it (serve/_private/replica.py,
+    `_on_initialized`, which runs after the deployment's constructor, where this is called), so
+    the address is rewritten where the replica module asks for the port. Private API: where
+    it is gone this does nothing, and tests/test_serve_ray_cli.py, which lists every listening
+    socket of the process tree, fails."""
+    if os.environ.get(LOOPBACK_ENV) != "1":
+        return
+    try:
+        from ray.serve._private import replica
+    except ImportError:
+        return
+    real = getattr(replica, "add_port_to_grpc_server", None)
+    if real is None or getattr(real, "on_loopback", False):
+        return
+
+    def add_port(server, address: str, *args, **kwargs):
+        if address.startswith("[::]:"):
+            address = "127.0.0.1:" + address[len("[::]:"):]
+        return real(server, address, *args, **kwargs)
+
+    add_port.on_loopback = True
+    replica.add_port_to_grpc_server = add_port
