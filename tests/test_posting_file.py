@@ -237,3 +237,37 @@ def test_the_fast_analysis_is_the_regular_expression_s(text):
     h = np.array(sorted(counts), np.int64)
     want = h.tobytes() + np.array([counts[x] for x in h.tolist()], np.int32).tobytes()
     assert lexical.encode_terms(text) == (want, sum(counts.values()))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.lists(st.sampled_from(["the", "a", "and", "running", "runs", "run", "Loan", "loans", "x1", "_u", "42",
+                                          "Café", "naïve", "über", "ÉCOLE", "données", "is", "of", "w1", "w2", "w3",
+                                          " ", "\n", ",", "—", "é"]), max_size=40).map(" ".join),
+                max_size=30))
+def test_terms_encoded_as_a_batch_are_the_terms_encoded_one_by_one(texts):
+    """encode_terms_many (a build's batches) gives each text the bytes and count encode_terms
+    gives it alone: stop words dropped, the words of one stem merged, hashes sorted, ASCII and
+    not, empty texts included."""
+    assert lexical.encode_terms_many(texts) == [lexical.encode_terms(t) for t in texts]
+
+
+def test_a_docstore_batch_takes_the_ids_autoincrement_would_and_never_reuses_one(tmp_path):
+    """add_chunks inserts a batch with the ids SQLite's AUTOINCREMENT would give one by one:
+    after the rows with the highest ids are deleted, the next batch still starts past them."""
+    from semsearch.store.docstore import ChunkRow, DocStore
+
+    store = DocStore(tmp_path / "d.sqlite")
+    f = store.add_file("/x.txt", "h", 1, 1, "now")
+    rows = [ChunkRow(f, i, i, 0, 5, None, f"text {i} of the loans", {"n": i} if i % 2 else {}) for i in range(5)]
+    first = store.add_chunks(rows)
+    assert first.tolist() == [1, 2, 3, 4, 5]
+    store.db.execute("DELETE FROM chunks WHERE id >= 4")
+    second = store.add_chunks(rows[:2])
+    assert second.tolist() == [6, 7]
+    # the same as SQLite's own next id
+    cur = store.db.execute("INSERT INTO chunks (file_id, row, ord, start, end, text) VALUES (?, 9, 9, 0, 1, 'x')", (f,))
+    assert cur.lastrowid == 8
+    got = store.get_chunks([1, 3, 6])
+    assert got[1]["metadata"] == {} and got[6]["metadata"] == {} and got[3]["text"] == "text 2 of the loans"
+    assert [t[0] for t in store.terms] == [1, 2, 3, 4, 5, 6, 7]
+    assert store.terms[2][1:] == lexical.encode_terms("text 2 of the loans")

@@ -44,17 +44,19 @@ def write_segment(folder: Path, seg_id: int, dim: int, files: list[dict[str, Any
                          f["indexed_at"]) for f in files])
         ids: list[int] = []
         vecs: list[np.ndarray] = []
+        inserts, texts = [], []
         for cid, file_id, r, v, st in chunks:
             ref = (None, None, None)
             if st is not None:  # token states, or (token states, token table)
                 ref = kept.append(*st) if isinstance(st, tuple) else kept.append(st)
-            db.execute("INSERT INTO chunks (id, file_id, row, ord, start, end, line, text, metadata, state_file,"
-                       " state_off, state_len) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                       (int(cid), int(file_id), r.row, r.ord, r.start, r.end, r.line, r.text,
-                        json.dumps(r.metadata, ensure_ascii=False) if r.metadata else None, *ref))
-            store.terms.append((int(cid), *lexical.encode_terms(r.lexical_text)))  # to its posting file
+            inserts.append((int(cid), int(file_id), r.row, r.ord, r.start, r.end, r.line, r.text,
+                            json.dumps(r.metadata, ensure_ascii=False) if r.metadata else None, *ref))
+            texts.append(r.lexical_text)
             ids.append(int(cid))
             vecs.append(np.asarray(v, np.float32))
+        db.executemany("INSERT INTO chunks (id, file_id, row, ord, start, end, line, text, metadata, state_file,"
+                       " state_off, state_len) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", inserts)
+        store.terms.extend((cid, *t) for cid, t in zip(ids, lexical.encode_terms_many(texts)))  # to its posting file
         held = np.array(ids, np.int64)
         matrix = np.stack(vecs) if vecs else np.zeros((0, dim), np.float32)
         vi.add(held, matrix)

@@ -29,7 +29,7 @@ from semsearch.store.lexical import postings
 from semsearch.store.lexical import scoring
 from semsearch.store.lexical import writing
 from semsearch.store.lexical.analysis import (
-    ANALYZER, QUESTION_WORDS, STOPWORDS, terms, encode_terms, decode_terms, counted,
+    ANALYZER, QUESTION_WORDS, STOPWORDS, terms, encode_terms, encode_terms_many, decode_terms, counted,
 )
 from semsearch.store.lexical.postings import (
     BLOCK, Postings, ARRAYS, DTYPES, has_terms, add_columns, invert, FILE_MAGIC, FILE_MAGIC_1, TF_ESCAPE, KEPT, WHOLE_AT,
@@ -43,7 +43,7 @@ from semsearch.store.lexical.writing import (
 )
 
 __all__ = ["analysis", "postings", "scoring", "writing",
-           "ANALYZER", "QUESTION_WORDS", "STOPWORDS", "terms", "encode_terms", "decode_terms", "counted",
+           "ANALYZER", "QUESTION_WORDS", "STOPWORDS", "terms", "encode_terms", "encode_terms_many", "decode_terms", "counted",
            "BLOCK", "Postings", "ARRAYS", "DTYPES", "has_terms", "add_columns", "invert", "FILE_MAGIC",
            "FILE_MAGIC_1", "TF_ESCAPE", "KEPT", "WHOLE_AT", "PackedPostings", "open_file", "release",
            "file_name", "load", "K1", "B", "MAX_TERMS", "SPARSE_MAX", "best_n", "Pruned", "LexicalIndex",

@@ -84,6 +84,51 @@ def encode_terms(text: str) -> tuple[bytes, int]:
     return h.tobytes() + tf.astype(np.int32).tobytes(), int(tf.sum())
 
 
+_STOP = np.iinfo(np.int64).min  # encode_terms_many: a stop word's code (no stem's hash is this value in practice)
+_CODES: dict[str, int] = {}  # word -> term hash, or _STOP for a stop word: encode_terms_many's memory
+
+
+def _code(word: str) -> int:
+    c = _STOP if word in STOPWORDS else _term(word)
+    if len(_CODES) > 1 << 20:
+        _CODES.clear()
+    _CODES[word] = c
+    return c
+
+
+def encode_terms_many(texts: list[str]) -> list[tuple[bytes, int]]:
+    """encode_terms of each text, for a batch: each text's words are split and looked up in
+    Python (one C-level split and one dict look-up a word), and the counting, sorting and
+    merging of stems run once over the whole batch in numpy instead of a few numpy calls per
+    text (200k short chunks of a build: ~70 us a chunk -> ~15; tests/test_posting_file.py checks
+    that both give the same bytes)."""
+    if not texts:
+        return []
+    words = [_words(t) for t in texts]
+    flat = [w for ws in words for w in ws]
+    codes = list(map(_CODES.get, flat))
+    if None in codes:
+        codes = [c if c is not None else _code(w) for w, c in zip(flat, codes)]
+    h = np.array(codes, np.int64)
+    doc = np.repeat(np.arange(len(texts), dtype=np.int64), np.fromiter(map(len, words), np.int64, len(words)))
+    keep = h != _STOP
+    h, doc = h[keep], doc[keep]
+    order = np.lexsort((h, doc))
+    h, doc = h[order], doc[order]
+    new = np.ones(len(h), bool)
+    new[1:] = (h[1:] != h[:-1]) | (doc[1:] != doc[:-1])
+    starts = np.flatnonzero(new)
+    tf = np.diff(np.r_[starts, len(h)]).astype(np.int32)
+    uh, udoc = h[starts], doc[starts]
+    bounds = np.searchsorted(udoc, np.arange(len(texts) + 1))
+    hb, tb = uh.tobytes(), tf.tobytes()
+    totals = np.bincount(doc, minlength=len(texts))
+    out = []
+    for i, (a, b) in enumerate(zip(bounds[:-1].tolist(), bounds[1:].tolist())):
+        out.append((hb[8 * a : 8 * b] + tb[4 * a : 4 * b], int(totals[i])))
+    return out
+
+
 def decode_terms(blob: bytes) -> tuple[np.ndarray, np.ndarray]:
     n = len(blob) // 12
     return np.frombuffer(blob, np.int64, n), np.frombuffer(blob, np.int32, n, offset=8 * n)
