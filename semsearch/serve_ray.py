@@ -220,7 +220,7 @@ def replica_grpc_on_loopback() -> None:
     binds that server to "[::]:0" with no setting to change it (serve/_private/replica.py,
     `_on_initialized`, which runs after the deployment's constructor, where this is called), so
     the address is rewritten where the replica module asks for the port. Private API: where
-    it is gone this does nothing, and tests/test_serve_ray_cli.py, which lists every listening
+    it is gone this does nothing, and tests/test_serve_ray.py, which lists every listening
     socket of the process tree, fails."""
     if os.environ.get(LOOPBACK_ENV) != "1":
         return

@@ -1,7 +1,8 @@
-"""`semsearch serve --engine ray`: the index served by Ray Serve, 3 shards x 2 replicas on a local
-Ray cluster (2 CPUs), answers over HTTP exactly as one process does; while clients search and a
-writer publishes generations, one replica of each shard is killed (SIGKILL of its process) in turn: no client error,
-read-your-writes after each acknowledged write, no answer mixing generations."""
+"""`semsearch serve --engine ray`, started as a user starts it: the index served by Ray Serve, 3
+shards x 2 replicas on a new local Ray cluster, answers over HTTP exactly as one process does;
+while clients search and a writer publishes generations, one replica of each shard is killed
+(SIGKILL of its process) in turn: no client error, read-your-writes after each acknowledged write,
+no answer mixing generations. The cluster listens on loopback only, and SIGTERM stops it cleanly."""
 from __future__ import annotations
 
 import json
@@ -9,8 +10,12 @@ import os
 import shutil
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -22,9 +27,17 @@ from semsearch.documents import Document, upsert_documents  # noqa: E402
 from semsearch.indexing import index_corpus  # noqa: E402
 from semsearch.search import Retriever  # noqa: E402
 
-from conftest import SAMPLE  # noqa: E402
+from conftest import REPO, SAMPLE  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("ray")]  # one local Ray cluster at a time (pytest -n: one worker)
+
+class Served(NamedTuple):
+    folder: Path
+    url: str
+    enc: object
+    proc: subprocess.Popen
+    log: Path
+
 
 QUERIES = ["How long does a loan decision take?", "lentil soup with cumin", "sleep and recovery after exercise",
            "printing press", "tomatoes need sun"]
@@ -35,11 +48,11 @@ TOPICS = ["loan approval takes one business day", "lentil soup simmers with cumi
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    """An index of several segments, served by 3 shards x 2 replicas and a router."""
-    from ray import serve
-
+    """An index of several segments, served as a user serves it: `semsearch serve --engine ray
+    --shards 3 --replicas 2 --host 127.0.0.1` in its own process (a new local Ray cluster of this
+    machine's CPUs, on loopback). This process joins that cluster to find and kill replicas."""
     from semsearch.encoder import Encoder
-    from semsearch.serve_ray import build_app
+    from semsearch.serve_ray import local_cluster_on_loopback
 
     root = tmp_path_factory.mktemp("serve_ray")
     corpus = root / "corpus"
@@ -57,21 +70,38 @@ def cluster(tmp_path_factory):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    from semsearch.serve_ray import PROXY_READY_S
-
-    os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", str(PROXY_READY_S))  # as serve_ray sets it: a busy CPU
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, namespace="semsearch-test")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env.update(HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO))
+    log = (root / "serve.log").open("w+")
+    proc = subprocess.Popen([sys.executable, "-m", "semsearch.cli", "serve", "--index", str(folder), "--engine", "ray",
+                             "--shards", "3", "--replicas", "2", "--host", "127.0.0.1", "--port", str(port)],
+                            env=env, stdout=log, stderr=subprocess.STDOUT, cwd=root, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
     try:
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
-        serve.run(build_app(folder, 3, 2), name="semsearch", route_prefix="/")
-        yield folder, f"http://127.0.0.1:{port}", enc
+        deadline = time.monotonic() + 400
+        while True:
+            assert proc.poll() is None, (root / "serve.log").read_text()[-3000:]
+            try:
+                if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, (root / "serve.log").read_text()[-3000:]
+            time.sleep(1)
+        local_cluster_on_loopback()  # this process's node address: loopback, as the cluster's
+        ray.init(address="auto", log_to_driver=False, namespace="semsearch-test")
+        yield Served(folder, url, enc, proc, root / "serve.log")
     finally:
-        serve.shutdown()
-        ray.shutdown()
+        if ray.is_initialized():
+            ray.shutdown()
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
 
 
 def test_three_shards_answer_as_one_process(cluster):
-    folder, url, enc = cluster
+    folder, url, enc = cluster[:3]
     one = Retriever.load(folder, device="cpu", encoder=enc)
     compared = 0
     with httpx.Client(base_url=url, timeout=120) as c:
@@ -105,7 +135,7 @@ def _replicas(shard: int) -> list[str]:
 
 
 def test_killing_a_replica_of_each_shard_under_load_loses_nothing(cluster):
-    folder, url, enc = cluster
+    folder, url, enc = cluster[:3]
     stop = threading.Event()
     errors: list[str] = []
     seen: list[tuple[int, bool]] = []  # (generation, the probe document found) of each search that asked for it
@@ -204,3 +234,76 @@ def test_a_shard_without_live_replicas_is_a_clear_error(monkeypatch):
     fanout = serve_ray.ray_fanout([Handle([Alive()]), Handle([])])
     with pytest.raises(serve_ray.ShardUnavailable, match="shard 1 of 2"):
         fanout("generation")
+
+
+def descendants(pid: int) -> set[int]:
+    """pid and every process below it (from /proc/*/stat)."""
+    parent: dict[int, int] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                stat = (d / "stat").read_text()
+            except OSError:
+                continue
+            parent[int(d.name)] = int(stat[stat.rindex(")") + 2 :].split()[1])
+    out, frontier = {pid}, [pid]
+    while frontier:
+        p = frontier.pop()
+        kids = [c for c, pp in parent.items() if pp == p and c not in out]
+        out.update(kids)
+        frontier += kids
+    return out
+
+
+def listening(pids: set[int]) -> list[tuple[str, int]]:
+    """(address, port) of every listening TCP socket these processes hold."""
+    inodes: set[str] = set()
+    for p in pids:
+        try:
+            for fd in Path(f"/proc/{p}/fd").iterdir():
+                with_target = os.readlink(fd) if fd.is_symlink() else ""
+                if with_target.startswith("socket:["):
+                    inodes.add(with_target[8:-1])
+        except OSError:
+            continue  # a process that ended meanwhile
+    out = []
+    for table, width in (("/proc/net/tcp", 4), ("/proc/net/tcp6", 16)):
+        if not Path(table).exists():
+            continue
+        for line in Path(table).read_text().splitlines()[1:]:
+            f = line.split()
+            if f[3] == "0A" and f[9] in inodes:  # LISTEN
+                raw, port = f[1].split(":")
+                addr = socket.inet_ntop(socket.AF_INET if width == 4 else socket.AF_INET6,
+                                        b"".join(bytes.fromhex(raw[i : i + 8])[::-1] for i in range(0, len(raw), 8)))
+                out.append((addr, int(port, 16)))
+    return out
+
+
+@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads listening sockets from Linux's /proc")
+def test_the_loopback_cluster_listens_on_loopback_only_and_stops_on_sigterm(cluster):
+    """(Last in this file: it stops the server.) Every TCP port of the server's process tree (the
+    driver, GCS, raylet, workers, replicas and the HTTP proxy) is on loopback, where a cluster
+    started as before listened on all interfaces and the node's address (16 sockets); SIGTERM
+    stops it cleanly: exit status 0, no stack dump, no process of the tree left."""
+    proc, log = cluster.proc, cluster.log
+    tree = descendants(proc.pid)
+    ports = listening(tree)
+    assert len(tree) > 3 and len(ports) > 3, (tree, ports)
+    wide = [(a, p) for a, p in ports if not (a.startswith(("127.", "::ffff:127.")) or a == "::1")]
+    assert not wide, f"listening beyond loopback: {wide}"
+
+    ray.shutdown()  # this process leaves the cluster before it goes (a driver whose GCS dies is ended)
+    proc.send_signal(signal.SIGTERM)
+    rc = proc.wait(timeout=120)
+    out = log.read_text()
+    assert rc == 0, out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
+    deadline = time.monotonic() + 30
+    while True:  # Ray's own processes finish their exit
+        left = [p for p in tree - {proc.pid} if Path(f"/proc/{p}").exists()
+                and Path(f"/proc/{p}/stat").read_text().split(") ")[1][0] != "Z"]
+        if not left:
+            break
+        assert time.monotonic() < deadline, f"processes left after SIGTERM: {left}"
+        time.sleep(1)
