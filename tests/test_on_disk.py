@@ -457,18 +457,14 @@ def test_sweeps_over_a_vector_file_leave_its_pages_unmapped(tmp_path, storage):
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/smaps") or not hasattr(os, "preadv"),
                     reason="needs Linux's /proc/self/smaps and preadv")
-@pytest.mark.parametrize("whole", [True, False], ids=["read-whole", "scattered-preads"])
-def test_building_a_segments_vector_index_leaves_its_file_unmapped(tmp_path, monkeypatch, whole):
+def test_building_a_segments_vector_index_leaves_its_file_unmapped(tmp_path, monkeypatch):
     """A new segment's IVF is trained, filled and tuned against its vector file: the tuning
     re-ranks 500 queries' candidates, scattered over the file, which gathered from the map left
     the whole file mapped in the build (0.77 GB at 1M chunks, 7.7 GB at 10M). The reads are
     sweeps (pread) and the pages go at the end; the tuning reaches the same recall. A file of at
-    most SWEEP_IN_MEMORY bytes is read whole with one pread; a larger one (made so here by a
-    limit of 0) run by run."""
+    most SWEEP_IN_MEMORY bytes, as this one, is read whole with one pread (a larger one is read
+    run by run, as test_scattered_sweeps_read_their_rows_without_mapping_them reads)."""
     from semsearch.store import merge
-
-    if not whole:
-        monkeypatch.setattr(vecfile, "SWEEP_IN_MEMORY", 0)
 
     rng = np.random.default_rng(0)
     n, dim = 60_000, 64
@@ -482,7 +478,7 @@ def test_building_a_segments_vector_index_leaves_its_file_unmapped(tmp_path, mon
     monkeypatch.setattr(vf, "_read_all", lambda real=vf._read_all: reads.append(1) or real())
     vi, entry = merge.build_vectors(vf, dim, "ivf-fastscan", n, 0.95)
     assert entry["type"] == "ivf-fastscan" and entry["recall"]["recall"] >= 0.95
-    assert reads == ([1] if whole else []) and getattr(vf, "_held", None) is None  # the buffer goes with the sweep
+    assert reads == [1] and getattr(vf, "_held", None) is None  # read whole once; the buffer goes with the sweep
     assert mapped_rss(path) < path.stat().st_size // 16, (mapped_rss(path), path.stat().st_size)
     q = vecs[:5]
     _, ids = vi.search(q, 10)

@@ -89,7 +89,7 @@ def cluster(tmp_path_factory):
             assert time.monotonic() < deadline, (root / "serve.log").read_text()[-3000:]
             time.sleep(1)
         local_cluster_on_loopback()  # this process's node address: loopback, as the cluster's
-        ray.init(address="auto", log_to_driver=False, namespace="semsearch-test")
+        ray.init(address=gcs_address(proc.pid) if Path("/proc").is_dir() else "auto", log_to_driver=False, namespace="semsearch-test")
         yield Served(folder, url, enc, proc, root / "serve.log")
     finally:
         if ray.is_initialized():
@@ -278,6 +278,23 @@ def listening(pids: set[int]) -> list[tuple[str, int]]:
                                         b"".join(bytes.fromhex(raw[i : i + 8])[::-1] for i in range(0, len(raw), 8)))
                 out.append((addr, int(port, 16)))
     return out
+
+
+def gcs_address(pid: int) -> str:
+    """The address of the GCS of the cluster the process `pid` started (its gcs_server child's
+    port, on loopback): not "auto", which takes whichever cluster this machine started last."""
+    for p in sorted(descendants(pid)):
+        try:
+            args = Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if args and args[0].endswith(b"gcs_server"):
+            port = next(a.split(b"=", 1)[1] for a in args if a.startswith(b"--gcs_server_port="))
+            if int(port) == 0:  # a port the GCS chose: the one it listens on
+                [(_, got)] = listening({p})
+                return f"127.0.0.1:{got}"
+            return f"127.0.0.1:{int(port)}"
+    raise AssertionError(f"no gcs_server under process {pid}")
 
 
 @pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads listening sockets from Linux's /proc")
