@@ -50,10 +50,11 @@ TOPICS = ["loan approval takes one business day", "lentil soup simmers with cumi
 def cluster(tmp_path_factory):
     """An index of several segments, served as a user serves it: `semsearch serve --engine ray
     --shards 3 --replicas 2 --host 127.0.0.1` in its own process (a new local Ray cluster of this
-    machine's CPUs, on loopback). This process joins that cluster to find and kill replicas."""
+    machine's CPUs, on loopback). Replicas are found by their process titles in its process tree."""
     from semsearch.encoder import Encoder
-    from semsearch.serve_ray import local_cluster_on_loopback
 
+    if not Path("/proc/net/tcp").exists():
+        pytest.skip("finds the server's replicas and sockets in Linux's /proc")
     root = tmp_path_factory.mktemp("serve_ray")
     corpus = root / "corpus"
     shutil.copytree(SAMPLE, corpus)
@@ -88,12 +89,8 @@ def cluster(tmp_path_factory):
                 pass
             assert time.monotonic() < deadline, (root / "serve.log").read_text()[-3000:]
             time.sleep(1)
-        local_cluster_on_loopback()  # this process's node address: loopback, as the cluster's
-        ray.init(address=gcs_address(proc.pid) if Path("/proc").is_dir() else "auto", log_to_driver=False, namespace="semsearch-test")
         yield Served(folder, url, enc, proc, root / "serve.log")
     finally:
-        if ray.is_initialized():
-            ray.shutdown()
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
@@ -127,11 +124,30 @@ def test_three_shards_answer_as_one_process(cluster):
     assert compared >= 50
 
 
-def _replicas(shard: int) -> list[str]:
-    from ray.util import list_named_actors
+def _titles(server: int) -> dict[int, str]:
+    out = {}
+    for p in descendants(server):
+        try:
+            out[p] = Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace").strip()
+        except OSError:
+            continue
+    return out
 
-    return [a["name"] for a in list_named_actors(all_namespaces=True)
-            if a["name"].startswith("SERVE_REPLICA::") and f"#shard-{shard}#" in a["name"]]
+
+def _replicas(server: int, shard: int) -> list[int]:
+    """The live processes of a shard's replicas under the server's process tree (Ray titles an
+    actor's process `ray::ServeReplica:<app>:<deployment>`, and adds the method it runs)."""
+    out = []
+    for p in sorted(descendants(server)):
+        try:
+            title = Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace").strip()
+            state = Path(f"/proc/{p}/stat").read_text().rsplit(") ", 1)[1][0]
+        except OSError:
+            continue
+        base = f"ray::ServeReplica:semsearch:shard-{shard}"  # (while it runs a call, Ray adds ".method()")
+        if (title == base or title.startswith(base + ".")) and state != "Z":
+            out.append(p)
+    return out
 
 
 def test_killing_a_replica_of_each_shard_under_load_loses_nothing(cluster):
@@ -180,15 +196,13 @@ def test_killing_a_replica_of_each_shard_under_load_loses_nothing(cluster):
     try:
         time.sleep(3)
         for shard in range(3):
-            names = _replicas(shard)
-            assert len(names) == 2, names
-            actor = ray.get_actor(names[0], namespace="serve")
-            pid = ray.get(actor.__ray_call__.remote(lambda self: __import__("os").getpid()), timeout=60)
-            os.kill(pid, signal.SIGKILL)  # kill -9 of the replica's process, mid-load
-            killed.append(names[0])
+            pids = _replicas(cluster.proc.pid, shard)
+            assert len(pids) == 2, (pids, sorted(_titles(cluster.proc.pid).values()))
+            os.kill(pids[0], signal.SIGKILL)  # kill -9 of the replica's process, mid-load
+            killed.append(pids[0])
             time.sleep(4)
             deadline = time.time() + 180  # Serve starts a replacement: wait for two live replicas again
-            while len(_replicas(shard)) < 2 or names[0] in _replicas(shard):
+            while len(now := _replicas(cluster.proc.pid, shard)) < 2 or pids[0] in now:
                 assert time.time() < deadline, f"shard {shard} was not given a new replica"
                 time.sleep(1)
     finally:
@@ -280,23 +294,6 @@ def listening(pids: set[int]) -> list[tuple[str, int]]:
     return out
 
 
-def gcs_address(pid: int) -> str:
-    """The address of the GCS of the cluster the process `pid` started (its gcs_server child's
-    port, on loopback): not "auto", which takes whichever cluster this machine started last."""
-    for p in sorted(descendants(pid)):
-        try:
-            args = Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if args and args[0].endswith(b"gcs_server"):
-            port = next(a.split(b"=", 1)[1] for a in args if a.startswith(b"--gcs_server_port="))
-            if int(port) == 0:  # a port the GCS chose: the one it listens on
-                [(_, got)] = listening({p})
-                return f"127.0.0.1:{got}"
-            return f"127.0.0.1:{int(port)}"
-    raise AssertionError(f"no gcs_server under process {pid}")
-
-
 @pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads listening sockets from Linux's /proc")
 def test_the_loopback_cluster_listens_on_loopback_only_and_stops_on_sigterm(cluster):
     """(Last in this file: it stops the server.) Every TCP port of the server's process tree (the
@@ -310,7 +307,6 @@ def test_the_loopback_cluster_listens_on_loopback_only_and_stops_on_sigterm(clus
     wide = [(a, p) for a, p in ports if not (a.startswith(("127.", "::ffff:127.")) or a == "::1")]
     assert not wide, f"listening beyond loopback: {wide}"
 
-    ray.shutdown()  # this process leaves the cluster before it goes (a driver whose GCS dies is ended)
     proc.send_signal(signal.SIGTERM)
     rc = proc.wait(timeout=120)
     out = log.read_text()
