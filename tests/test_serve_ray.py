@@ -91,13 +91,17 @@ def cluster(tmp_path_factory):
             time.sleep(1)
         yield Served(folder, url, enc, proc, root / "serve.log")
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        if proc.poll() is None:  # a check failed before SIGTERM: stop it as a user would, then for good
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=90)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
         log.close()
 
 
-def test_three_shards_answer_as_one_process(cluster):
+def three_shards_answer_as_one_process(cluster):
     folder, url, enc = cluster[:3]
     one = Retriever.load(folder, device="cpu", encoder=enc)
     compared = 0
@@ -150,7 +154,7 @@ def _replicas(server: int, shard: int) -> list[int]:
     return out
 
 
-def test_killing_a_replica_of_each_shard_under_load_loses_nothing(cluster):
+def killing_a_replica_of_each_shard_under_load_loses_nothing(cluster):
     folder, url, enc = cluster[:3]
     stop = threading.Event()
     errors: list[str] = []
@@ -294,12 +298,21 @@ def listening(pids: set[int]) -> list[tuple[str, int]]:
     return out
 
 
-@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads listening sockets from Linux's /proc")
-def test_the_loopback_cluster_listens_on_loopback_only_and_stops_on_sigterm(cluster):
-    """(Last in this file: it stops the server.) Every TCP port of the server's process tree (the
-    driver, GCS, raylet, workers, replicas and the HTTP proxy) is on loopback, where a cluster
-    started as before listened on all interfaces and the node's address (16 sockets); SIGTERM
-    stops it cleanly: exit status 0, no stack dump, no process of the tree left."""
+def test_served_by_the_cli_answers_as_one_process_survives_killed_replicas_and_stays_on_loopback(cluster):
+    """One test over the one server (a module fixture used by several tests is set up again where
+    pytest-xdist's queue runs dry between them, and a second Ray Serve start costs ~50 s): the
+    same answers as one process, then replicas killed under load, then the network and SIGTERM
+    checks, which stop the server."""
+    three_shards_answer_as_one_process(cluster)
+    killing_a_replica_of_each_shard_under_load_loses_nothing(cluster)
+    listens_on_loopback_only_and_stops_on_sigterm(cluster)
+
+
+def listens_on_loopback_only_and_stops_on_sigterm(cluster):
+    """Every TCP port of the server's process tree (the driver, GCS, raylet, workers, replicas and
+    the HTTP proxy) is on loopback, where a cluster started as before listened on all interfaces
+    and the node's address (16 sockets); SIGTERM stops it cleanly: exit status 0, no stack dump,
+    no process of the tree left."""
     proc, log = cluster.proc, cluster.log
     tree = descendants(proc.pid)
     ports = listening(tree)
