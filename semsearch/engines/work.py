@@ -125,11 +125,6 @@ def offsets_for(spec: EncodeSpec) -> Callable[[str], list[tuple[int, int]]]:
     """The chunker's tokenizer for spec's model, once a worker process (a Ray worker runs many
     chunking tasks): the tokenizer alone for BERT-family folders (as Encoder.token_offsets, and
     without importing torch, which costs a chunking worker seconds), else a whole encoder on the CPU."""
-    return _offsets_for(spec)
-
-
-@functools.lru_cache(maxsize=4)
-def _offsets_for(spec: EncodeSpec) -> Callable[[str], list[tuple[int, int]]]:
     from semsearch.encoder.models import is_bert_folder
 
     folder = Path(spec.model)
