@@ -42,7 +42,7 @@ from semsearch.exposure import (BodyLimit, Guard, HostPolicy, Scrubber, check_ap
                                 read_key_file, render_json, safe_text, server_config, shown_path)
 from semsearch.exposure import _orjson  # noqa: F401  (tests check that the serve extra brings orjson)
 from semsearch.limits import MAX_DEPTH, MAX_WHERE_CONDITIONS, body_problem, json_body_problem, too_deep, unencodable
-from semsearch.service import (MODES, LimitExceeded, Limits, Operations, ReadOnly, SerialEncoder, Service,  # noqa: F401
+from semsearch.service import (DEFAULT_K, MODES, LimitExceeded, Limits, Operations, ReadOnly, SerialEncoder, Service,  # noqa: F401
                                public_model)
 
 log = logging.getLogger(__name__)
@@ -467,7 +467,7 @@ def create_app(service: Service, limits: Limits | None = None, read_only: bool =
     open_paths = UNAUTHENTICATED_PATHS + PAGE_PATHS + (DOCS_PATHS if docs else ())
     app.add_middleware(Guard, key=key, hosts=HostPolicy(host, allowed_hosts), open_paths=open_paths,
                        per_client=ops.limits.max_inflight_per_client)
-    _openapi(app, bearer=docs and key is not None)
+    _openapi(app, bearer=docs and key is not None, limits=ops.limits)
     return app
 
 
@@ -483,6 +483,60 @@ ERRORS = {400: "malformed request: its JSON, or a header given twice (Host, Auth
           415: "a body that is not JSON (Content-Type)", 422: "a value outside what the operation takes (the message names it)",
           429: "too many requests of this client at once (--max-inflight-per-client)",
           500: "an internal error (the server log has it)", 503: "the index is not available now, or --max-connections is reached"}
+
+
+_INT, _NUM, _STR = {"type": "integer"}, {"type": "number"}, {"type": "string"}
+_OPT_INT, _OPT_NUM = {"type": ["integer", "null"]}, {"type": ["number", "null"]}
+HIT_SCHEMA = {"type": "object", "required": ["rank", "score", "text", "source", "path", "start", "end", "chunk", "id",
+                                             "metadata", "mode", "location"],
+              "properties": {"rank": _INT, "score": _NUM, "text": _STR, "source": _STR, "path": _STR, "start": _INT,
+                             "end": _INT, "row": _OPT_INT, "line": _OPT_INT, "chunk": _INT, "id": _INT,
+                             "metadata": {"type": "object"}, "mode": {"enum": list(MODES)}, "dense_score": _OPT_NUM,
+                             "lexical_score": _OPT_NUM, "explanation": {"type": ["object", "null"]}, "location": _STR}}
+_HITS = {"type": "array", "items": {"$ref": "#/components/schemas/Hit"}}
+WRITE_SCHEMA = {"type": "object", "required": ["added", "updated", "unchanged", "deleted", "chunks", "generation"],
+                "properties": {k: _INT for k in ("added", "updated", "unchanged", "deleted", "chunks", "generation")}
+                | {"seconds": _NUM}}
+# Each operation's 200 answer (the routes build plain JSON, so FastAPI's own schema was empty).
+OK_SCHEMAS = {
+    ("/health", "get"): {"type": "object", "required": ["status", "generation", "chunks"],
+                         "properties": {"status": {"const": "ok"}, "generation": _INT, "chunks": _INT}},
+    ("/info", "get"): {"type": "object", "required": ["index", "model", "pooling", "dim", "counts", "generation", "modes",
+                                                      "read_only", "limits", "version"],
+                       "properties": {"index": _STR, "model": _STR, "pooling": _STR, "dim": _INT, "counts": {"type": "object"},
+                                      "generation": _INT, "modes": {"type": "array", "items": {"enum": list(MODES)}},
+                                      "read_only": {"type": "boolean"}, "limits": {"type": "object"}, "version": _STR}},
+    ("/v1/models", "get"): {"type": "object", "required": ["object", "data"], "properties": {
+        "object": {"const": "list"}, "data": {"type": "array", "items": {
+            "type": "object", "required": ["id", "object", "created", "owned_by"],
+            "properties": {"id": _STR, "object": {"const": "model"}, "created": _INT, "owned_by": _STR}}}}},
+    ("/search", "get"): {"$ref": "#/components/schemas/SearchResult"},
+    ("/search", "post"): {"anyOf": [{"$ref": "#/components/schemas/SearchResult"}, {
+        "type": "object", "required": ["generation", "results"],
+        "properties": {"generation": _INT, "results": {"type": "array", "items": {
+            "type": "object", "required": ["query", "hits"], "properties": {"query": _STR, "hits": _HITS}}}}}]},
+    ("/v1/embeddings", "post"): {"type": "object", "required": ["object", "data", "model", "usage"], "properties": {
+        "object": {"const": "list"}, "model": _STR,
+        "usage": {"type": "object", "required": ["prompt_tokens", "total_tokens"],
+                  "properties": {"prompt_tokens": _INT, "total_tokens": _INT}},
+        "data": {"type": "array", "items": {"type": "object", "required": ["object", "index", "embedding"], "properties": {
+            "object": {"const": "embedding"}, "index": _INT,
+            "embedding": {"anyOf": [{"type": "array", "items": _NUM}, {"type": "string", "description": "base64 of little-endian float32"}]}}}}}},
+    ("/embed", "post"): {"type": "array", "items": {"type": "array", "items": _NUM}},
+    ("/documents", "post"): {"$ref": "#/components/schemas/WriteReport"},
+    ("/documents/{doc_id}", "delete"): {"$ref": "#/components/schemas/WriteReport"},
+}
+
+
+def _ok_responses(schema: dict) -> None:
+    components = schema["components"]["schemas"]
+    components.update(Hit=HIT_SCHEMA, WriteReport=WRITE_SCHEMA, SearchResult={
+        "type": "object", "required": ["query", "generation", "hits"],
+        "properties": {"query": _STR, "generation": _INT, "hits": _HITS}})
+    for (path, method), body in OK_SCHEMAS.items():
+        op = schema.get("paths", {}).get(path, {}).get(method)
+        if op is not None:
+            op.setdefault("responses", {})["200"] = {"description": "OK", "content": {"application/json": {"schema": body}}}
 
 
 def _error_responses(schema: dict, bearer: bool) -> None:
@@ -506,10 +560,10 @@ def _error_responses(schema: dict, bearer: bool) -> None:
                                         "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
 
 
-def _openapi(app, bearer: bool) -> None:
+def _openapi(app, bearer: bool, limits: Limits) -> None:
     """/openapi.json: FastAPI's schema, with the request bodies the routes parse themselves
-    (BODY_MODELS) as components, and (`bearer`) the bearer scheme named, so /docs offers an
-    Authorize button."""
+    (BODY_MODELS) as components, bounded by this server's limits (_constraints), and (`bearer`)
+    the bearer scheme named, so /docs offers an Authorize button."""
     from fastapi.openapi.utils import get_openapi
 
     def openapi():
@@ -522,11 +576,13 @@ def _openapi(app, bearer: bool) -> None:
             for ops in schema.get("paths", {}).values():
                 ops.pop("head", None)
             _error_responses(schema, bearer)
+            _ok_responses(schema)
             components = schema.setdefault("components", {}).setdefault("schemas", {})
             for model in BODY_MODELS:
                 own = model.model_json_schema(ref_template="#/components/schemas/{model}")
                 components.update(own.pop("$defs", {}))
                 components[model.__name__] = own
+            _constraints(schema, limits)
             if bearer:
                 schema["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
                 for path, ops in schema.get("paths", {}).items():
@@ -537,6 +593,42 @@ def _openapi(app, bearer: bool) -> None:
         return app.openapi_schema
 
     app.openapi = openapi
+
+
+def _constraints(schema: dict, limits: Limits) -> None:
+    """What the routes' own checks refuse (Operations.check_texts, check_k, search_post's
+    one-of, the upsert's count and ids), said in the schema with this server's limits, so that a
+    client generated from it, or a validator, refuses what the server would. The server stays the
+    judge: a text of only spaces or control characters meets minLength and is still refused as
+    blank (JSON Schema's patterns cannot name Unicode categories portably)."""
+    from semsearch.documents import MAX_ID_CHARS
+
+    text = {"type": "string", "minLength": 1, "maxLength": limits.max_text_chars,
+            "description": "not blank (not only spaces, control or format characters)"}
+    texts = {"type": "array", "items": text, "minItems": 1, "maxItems": limits.max_texts}
+    one_or_many = {"anyOf": [text, texts]}
+    k = {"type": "integer", "minimum": 1, "maximum": limits.max_k, "default": min(DEFAULT_K, limits.max_k),
+         "description": f"hits per query (at most this server's --max-k, {limits.max_k})"}
+    c = schema["components"]["schemas"]
+    search = c["SearchRequest"]
+    search["properties"].update(query={**text, "description": "one query (give `query` or `queries`, not both)"},
+                                queries={**texts, "description": "several queries, answered in one batch"},
+                                k=k, mode={"type": "string", "enum": list(MODES),
+                                           "description": "the index's default where left out (hybrid unless built otherwise)"})
+    search["oneOf"] = [{"required": ["query"]}, {"required": ["queries"]}]
+    c["OpenAIEmbeddingRequest"]["properties"]["input"] = one_or_many
+    c["TEIEmbedRequest"]["properties"]["inputs"] = one_or_many
+    c["UpsertRequest"]["properties"]["documents"].update(minItems=1, maxItems=limits.max_documents)
+    doc_id = c["DocumentIn"]["properties"]["id"]
+    doc_id.update(minLength=1, maxLength=MAX_ID_CHARS, pattern="^[^\\x00-\\x1f\\x7f]*$")
+    c["DocumentIn"]["properties"]["text"].update(minLength=1)
+    for ops in schema.get("paths", {}).values():
+        for op in ops.values():
+            for param in op.get("parameters", ()):
+                if param.get("in") == "query" and param.get("name") == "k":
+                    param["schema"] = k
+                elif param.get("in") == "query" and param.get("name") == "q":
+                    param["schema"] = text
 
 
 def search_page() -> tuple[bytes, dict[str, str]]:

@@ -105,3 +105,52 @@ def test_the_schema_still_describes_the_bodies(small_corpus, tmp_path):
     comps = schema["components"]["schemas"]
     assert "documents" in comps["UpsertRequest"]["properties"] and "DocumentIn" in comps
     assert set(comps["SearchRequest"]["properties"]) >= {"query", "queries", "k", "mode", "where", "explain"}
+
+
+def test_the_schema_bounds_what_the_server_refuses(small_corpus, tmp_path):
+    """The served schema carries this server's limits (k <= --max-k, at most --max-texts queries
+    and inputs of at most --max-text-chars, exactly one of query/queries, 1..--max-documents
+    documents with ids the store takes): for each body, the schema validates it exactly when the
+    server answers it with 200 (blank-but-non-empty texts, refused by the server only, are the
+    documented exception and not sent)."""
+    from jsonschema import Draft202012Validator
+
+    from semsearch.service import Limits
+
+    folder = tmp_path / "idx"
+    index_corpus(small_corpus, folder, FakeEncoder(), progress=False)
+    limits = Limits(max_k=5, max_texts=3, max_text_chars=50, max_documents=2)
+    app = create_app(Service(folder, device="cpu", encoder=FakeEncoder()), limits, docs=True)
+    doc = {"id": "a", "text": "a note about loans"}
+    bodies = {
+        "/search": [{"query": "loan"}, {"query": "loan", "k": 5}, {"query": "loan", "k": 6}, {"query": "loan", "k": 0},
+                    {"query": "loan", "queries": ["soup"]}, {}, {"query": ""}, {"queries": []}, {"queries": ["a", "b", "c"]},
+                    {"queries": ["a"] * 4}, {"query": "x" * 50}, {"query": "x" * 51}, {"queries": ["soup", "x" * 51]},
+                    {"query": "loan", "mode": "dense"}, {"query": "loan", "mode": "fast"}, {"query": "loan", "k": "5"}],
+        "/embed": [{"inputs": "soup"}, {"inputs": ["soup"] * 3}, {"inputs": ["soup"] * 4}, {"inputs": []}, {"inputs": ""},
+                   {"inputs": "x" * 51}],
+        "/v1/embeddings": [{"input": "soup"}, {"input": ["soup", "loan"]}, {"input": ["soup"] * 4}, {"input": []},
+                           {"input": ["x" * 51]}],
+        "/documents": [{"documents": [doc]}, {"documents": [doc, {**doc, "id": "b"}]},
+                       {"documents": [doc, {**doc, "id": "b"}, {**doc, "id": "c"}]}, {"documents": []},
+                       {"documents": [{**doc, "id": ""}]}, {"documents": [{**doc, "id": "a\x01"}]},
+                       {"documents": [{**doc, "id": "i" * 256}]}, {"documents": [{**doc, "id": "i" * 257}]},
+                       {"documents": [{**doc, "text": ""}]}],
+    }
+    with running(app) as url, httpx.Client(base_url=url, timeout=60) as c:
+        schema = c.get("/openapi.json").json()
+        outcomes = []
+        for path, cases in bodies.items():
+            ref = schema["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+            validator = Draft202012Validator({"components": schema["components"], **ref})
+            for body in cases:
+                status = c.post(path, json=body).status_code
+                outcomes.append((path, body, status, validator.is_valid(body)))
+        params = {p["name"]: p["schema"] for p in schema["paths"]["/search"]["get"]["parameters"]}
+        for k in (1, 5, 6):
+            status = c.get("/search", params={"q": "loan", "k": k}).status_code
+            outcomes.append(("GET /search", {"k": k}, status, Draft202012Validator(params["k"]).is_valid(k)))
+    wrong = [(path, str(body)[:80], status, valid) for path, body, status, valid in outcomes if (status == 200) != valid]
+    assert not wrong, wrong
+    assert sum(status == 200 for *_, status, _ in outcomes) >= 10 and sum(status != 200 for *_, status, _ in outcomes) >= 15
+    assert schema["components"]["schemas"]["SearchRequest"]["properties"]["k"]["maximum"] == 5
