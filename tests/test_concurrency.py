@@ -20,6 +20,9 @@ RUNNER = Path(__file__).with_name("concurrency_run.py")
 LIMIT = 900  # seconds: a deadlock, not slowness (a run takes 1-4.5 minutes on 2 busy cores)
 
 
+pytestmark = pytest.mark.xdist_group("test_concurrency")  # one worker sets the module fixtures up (pytest -n)
+
+
 @pytest.fixture(scope="module")
 def index(tmp_path_factory, real_encoder):
     """The sample corpus plus records with numeric and language metadata, with the real model."""

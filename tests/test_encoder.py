@@ -19,6 +19,9 @@ TEXTS = [
 ]
 
 
+pytestmark = pytest.mark.xdist_group("test_encoder")  # one worker sets the module fixtures up (pytest -n)
+
+
 @pytest.fixture(scope="module")
 def st_reference():
     from sentence_transformers import SentenceTransformer

@@ -31,6 +31,9 @@ def corpus_of(root):
     return root
 
 
+pytestmark = pytest.mark.xdist_group("test_explain")  # one worker sets the module fixtures up (pytest -n)
+
+
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     return corpus_of(tmp_path_factory.mktemp("explain") / "corpus")

@@ -24,6 +24,9 @@ def run(*args, input=None):
     return r
 
 
+pytestmark = pytest.mark.xdist_group("test_index")  # one worker sets the module fixtures up (pytest -n)
+
+
 @pytest.fixture(scope="module")
 def sample_index(tmp_path_factory):
     folder = tmp_path_factory.mktemp("idx") / "default"

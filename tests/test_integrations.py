@@ -18,6 +18,9 @@ HAS_WHERE = "where" in inspect.signature(Retriever.search_batch).parameters
 QUERY = "how long does a personal loan decision take"
 
 
+pytestmark = pytest.mark.xdist_group("test_integrations")  # one worker sets the module fixtures up (pytest -n)
+
+
 @pytest.fixture(scope="module")
 def sample_retriever(tmp_path_factory, real_encoder):
     folder = tmp_path_factory.mktemp("integ") / "idx"

@@ -21,7 +21,7 @@ from semsearch.search import Retriever  # noqa: E402
 
 from conftest import SAMPLE  # noqa: E402
 
-pytestmark = [pytest.mark.asyncio,
+pytestmark = [pytest.mark.asyncio, pytest.mark.xdist_group("test_langchain_standard"),  # one worker sets the fixture up
               pytest.mark.filterwarnings("ignore:.*is marked with '@pytest.mark.asyncio' but it is not an async function")]
 
 

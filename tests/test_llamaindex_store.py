@@ -51,6 +51,9 @@ def f(*filters: tuple, condition: FilterCondition = FilterCondition.AND) -> Meta
     return MetadataFilters(filters=[MetadataFilter(key=k, operator=op, value=v) for k, op, v in filters], condition=condition)
 
 
+pytestmark = pytest.mark.xdist_group("test_llamaindex_store")  # one worker sets the module fixtures up (pytest -n)
+
+
 @pytest.fixture(scope="module")
 def store(tmp_path_factory, real_encoder):
     """The sample corpus (files: chunks found as nodes of their own) plus NOTES added as nodes.

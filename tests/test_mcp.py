@@ -33,6 +33,9 @@ QUERIES = ["How long does a loan decision take?", "lentil soup with cumin", "sle
 WHERES = [{"lang": "en"}, ["year>=2005", "year<2020"], "path:*.jsonl"]
 
 
+pytestmark = pytest.mark.xdist_group("test_mcp")  # one worker sets the module fixtures up (pytest -n)
+
+
 @pytest.fixture(scope="module")
 def index(tmp_path_factory, real_encoder):
     """The sample corpus plus records with year and language metadata, with the real model."""

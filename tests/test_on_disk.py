@@ -28,6 +28,9 @@ from conftest import REPO, FakeEncoder, mapped_rss, vectors_into_docstore
 WORDS = [f"w{i}" for i in range(300)]
 
 
+pytestmark = pytest.mark.xdist_group("test_on_disk")  # one worker sets the module fixtures up (pytest -n)
+
+
 @pytest.fixture(scope="module")
 def fastscan(tmp_path_factory):
     """A one-segment ivf-fastscan index of ~3,000 chunks (forced type), with the fake encoder."""

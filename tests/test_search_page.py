@@ -24,6 +24,9 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
 
 
+pytestmark = pytest.mark.xdist_group("test_search_page")  # one worker sets the module fixtures up (pytest -n)
+
+
 @pytest.fixture(scope="module")
 def index(tmp_path_factory, real_encoder):
     """The sample's FAQ table and banking articles, and one document whose text holds markup."""

@@ -31,6 +31,9 @@ HAS_MODE = "mode" in inspect.signature(Retriever.search_batch).parameters
 HAS_WHERE = "where" in inspect.signature(Retriever.search_batch).parameters
 
 
+pytestmark = pytest.mark.xdist_group("test_serve")  # one worker sets the module fixtures up (pytest -n)
+
+
 @pytest.fixture(scope="module")
 def real_server(tmp_path_factory, real_encoder):
     folder = tmp_path_factory.mktemp("serve") / "idx"

@@ -37,6 +37,9 @@ PROTECTED = [("GET", "/info", None), ("GET", "/v1/models", None), ("GET", "/sear
              ("DELETE", "/documents/k1", None)]
 
 
+pytestmark = pytest.mark.xdist_group("test_serve_security")  # one worker sets the module fixtures up (pytest -n)
+
+
 @pytest.fixture(scope="module")
 def keyed_real_server(tmp_path_factory, real_encoder):
     folder = tmp_path_factory.mktemp("keyed") / "idx"

@@ -26,6 +26,9 @@ TOPICS = ["loan approval takes one business day", "lentil soup simmers with cumi
           "printing presses spread books", "tomatoes need sun and water"]
 
 
+pytestmark = pytest.mark.xdist_group("test_shards")  # one worker sets the module fixtures up (pytest -n)
+
+
 @pytest.fixture(scope="module")
 def index(tmp_path_factory, real_encoder):
     """The sample corpus plus records with metadata, then documents written in four more
