@@ -139,6 +139,96 @@ WHERE_HELP = (
 )
 
 
+# ---- what the tools give: their output schemas ---------------------------------------------------
+# The SDK builds a tool's outputSchema from its return type and validates each answer against it.
+# pydantic needs typing_extensions' TypedDict below Python 3.12. Keys not listed are kept
+# (extra="allow"), never dropped: a field added to Operations' answers reaches the client.
+try:
+    from pydantic import ConfigDict, Field, with_config
+    from typing_extensions import NotRequired, TypedDict
+except ImportError as e:  # both come with the SDK
+    raise ImportError(f"`semsearch mcp` needs the Model Context Protocol SDK ({e.name} is missing): "
+                      "pip install 'semsearch[mcp]'") from e
+
+_OPEN = ConfigDict(extra="allow")
+
+
+@with_config(_OPEN)
+class HitOut(TypedDict):
+    """One passage that matched, best first."""
+    id: Annotated[str, Field(description="the passage's fetch id, chunk:N")]
+    rank: int
+    title: Annotated[str, Field(description="its document's title, else the file's name or the document id")]
+    score: Annotated[float, Field(description="the ranking's score: hybrid in [0, 1], dense cosine, lexical BM25")]
+    document: NotRequired[Annotated[str, Field(description="the id of the document it comes from, for a document written through the API")]]
+    file: NotRequired[Annotated[str, Field(description="the indexed file it comes from (where it is not an API document)")]]
+    location: Annotated[str, Field(description="file:line, file p. N or file row N: what to quote")]
+    page: NotRequired[int]
+    section: NotRequired[str]
+    line: NotRequired[int]
+    row: NotRequired[int]
+    source_id: Annotated[str, Field(description="the fetch id of its whole document: doc:ID or file:PATH")]
+    chunk: Annotated[int, Field(description="the passage's number within its document")]
+    text: str
+    metadata: dict[str, Any]
+
+
+@with_config(_OPEN)
+class SearchOut(TypedDict):
+    query: str
+    generation: Annotated[int, Field(description="the index generation the hits came from")]
+    hits: list[HitOut]
+
+
+@with_config(_OPEN)
+class FetchOut(TypedDict):
+    """A passage (kind "chunk") or a whole document (kind "document")."""
+    id: str
+    kind: Literal["chunk", "document"]
+    generation: int
+    title: str
+    document: NotRequired[str]
+    file: NotRequired[str]
+    location: str
+    page: NotRequired[int]
+    section: NotRequired[str]
+    line: NotRequired[int]
+    row: NotRequired[int]
+    source_id: NotRequired[Annotated[str, Field(description="a passage's whole document")]]
+    chunk: NotRequired[int]
+    start: NotRequired[Annotated[int, Field(description="a passage's character offsets in its document")]]
+    end: NotRequired[int]
+    chunks: NotRequired[Annotated[int, Field(description="how many passages a whole document has")]]
+    text: str
+    metadata: dict[str, Any]
+
+
+@with_config(_OPEN)
+class InfoOut(TypedDict):
+    index: str
+    model: str
+    pooling: str
+    dim: int
+    counts: dict[str, Any]
+    generation: int
+    updated: str | None
+    modes: list[Literal["dense", "lexical", "hybrid"]]
+    read_only: bool
+    limits: dict[str, Any]
+    version: str
+
+
+@with_config(_OPEN)
+class WriteOut(TypedDict):
+    added: int
+    updated: int
+    unchanged: int
+    deleted: int
+    chunks: Annotated[int, Field(description="passages embedded")]
+    generation: Annotated[int, Field(description="the index generation that holds the change")]
+    seconds: float
+
+
 def _add_read_tools(server, ops: Operations, call) -> list:
     """Register search, fetch and info on `server`; returns their functions. The schema of `k`
     takes its bounds and default from `ops` (the server's --max-k and default k)."""
@@ -160,7 +250,7 @@ def _add_read_tools(server, ops: Operations, call) -> list:
                         "meaning; lexical: by words (BM25), best for exact names, codes and rare terms.")] = None,
         where: Annotated[dict[str, Any] | list[str] | str | None, Field(
             description=WHERE_HELP)] = None,
-    ) -> dict[str, Any]:
+    ) -> SearchOut:
         """Search the indexed documents. Gives the best-matching passages, each with an id (for
         `fetch`), a title, where it comes from (file or document id, page, section, line), a score
         and its text."""
@@ -172,13 +262,13 @@ def _add_read_tools(server, ops: Operations, call) -> list:
                                              "`source_id` (`doc:ID` or `file:PATH`, a whole document).")],
         whole_document: Annotated[bool, Field(strict=True, 
             description="Give the whole document the passage belongs to, not only the passage.")] = False,
-    ) -> dict[str, Any]:
+    ) -> FetchOut:
         """Read one passage by its id (from `search`) with its metadata and location, or, with
         whole_document=true or a hit's source_id, the whole document it comes from."""
         return await call(ops.fetch, id, whole_document)
 
     @_tool(server, "info", "What the index holds", read)
-    async def info() -> dict[str, Any]:
+    async def info() -> InfoOut:
         """What the index holds: its model, how many documents and passages, when it was last
         updated, which search modes it offers and the server's limits."""
         return await call(ops.info)
@@ -200,7 +290,7 @@ def _add_write_tools(server, ops: Operations, call) -> list:
         text: Annotated[str, Field(description="The document's text.")],
         metadata: Annotated[dict[str, Any] | None, Field(
             description="Optional fields to filter on later (`where`), e.g. {\"lang\": \"en\"}.")] = None,
-    ) -> dict[str, Any]:
+    ) -> WriteOut:
         """Add a document to the index, or replace the one with the same id. It is searchable
         as soon as this returns."""
         return await call(ops.upsert, [{"id": id, "text": text, "metadata": metadata or {}}])
@@ -209,7 +299,7 @@ def _add_write_tools(server, ops: Operations, call) -> list:
            ToolAnnotations(readOnlyHint=False, destructiveHint=True, idempotentHint=False, openWorldHint=False))
     async def delete_document(
         id: Annotated[str, Field(description="The id of a document added with upsert_document.")],
-    ) -> dict[str, Any]:
+    ) -> WriteOut:
         """Remove a document (added with upsert_document) from the index."""
         return await call(ops.delete, [id])
 

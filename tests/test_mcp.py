@@ -19,6 +19,7 @@ import pytest
 
 pytest.importorskip("mcp.server.mcpserver")
 httpx = pytest.importorskip("httpx")
+jsonschema = pytest.importorskip("jsonschema")  # with the SDK
 
 from mcp import Client  # noqa: E402
 from mcp.client.stdio import StdioServerParameters  # noqa: E402
@@ -253,6 +254,15 @@ def test_write_tools_only_with_allow_writes(tmp_path, small_corpus):
             tools = {t.name: t for t in (await c.list_tools()).tools}
             assert tools["delete_document"].annotations.destructive_hint is True
             assert tools["search"].annotations.read_only_hint is True
+            out = {name: t.output_schema for name, t in tools.items()}  # real output schemas, not open objects
+            assert set(out["search"]["required"]) == {"query", "generation", "hits"}
+            hit_schema = out["search"]["$defs"]["HitOut"]
+            assert {"id", "rank", "title", "score", "location", "source_id", "chunk", "text", "metadata"} <= set(hit_schema["required"])
+            assert {"page", "section", "line", "row", "file", "document"} <= set(hit_schema["properties"]) - set(hit_schema["required"])
+            assert out["fetch"]["properties"]["kind"]["enum"] == ["chunk", "document"]
+            assert {"index", "model", "counts", "generation", "modes", "limits"} <= set(out["info"]["required"])
+            assert {"added", "updated", "deleted", "chunks", "generation"} <= set(out["delete_document"]["required"])
+            answers = []
             long = " ".join(f"kelp{i} forest grows" for i in range(60))
             up = await c.call_tool("upsert_document", {"id": "note-1", "text": long, "metadata": {"lang": "en"}})
             assert not up.is_error and up.structured_content["added"] == 1
@@ -268,6 +278,15 @@ def test_write_tools_only_with_allow_writes(tmp_path, small_corpus):
             assert again.is_error and "note-1" in again.content[0].text
             fetched = await c.call_tool("fetch", {"id": "note-1"})
             assert fetched.is_error
+            answers += [("upsert_document", up), ("delete_document", gone), ("info", await c.call_tool("info", {}))]
+            for kind in (False, True):
+                found = await c.call_tool("search", {"query": "bank loan", "k": 2})
+                answers += [("search", found), ("fetch", await c.call_tool(
+                    "fetch", {"id": found.structured_content["hits"][0]["id"], "whole_document": kind}))]
+            for name, answer in answers:  # each answer within its tool's schema, every field kept
+                assert not answer.is_error, (name, answer.content[0].text[:200])
+                jsonschema.validate(answer.structured_content, out[name])
+                assert json.loads(answer.content[0].text) == answer.structured_content, name
             info = (await c.call_tool("info", {})).structured_content
             assert info["read_only"] is False and info["generation"] == 3
 
