@@ -16,6 +16,13 @@ import numpy as np
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# pytest -n N: each worker, and every process its tests start, gets cores / N threads for the
+# OpenMP teams of torch and faiss. Two workers with a team of two each on two cores wait on each
+# other's busy cores, the effect semsearch.encoder measured for queries (137 ms against 46 ms on
+# 2 cores beside two busy processes); docs/benchmarks.md, "The test suite's time", has the suite's.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
+if _WORKERS > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _WORKERS)))
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # Exported int8 encoders go to a throwaway cache, not the user's (exported once per test session).
 os.environ.setdefault("SEMSEARCH_CACHE", tempfile.mkdtemp(prefix="semsearch-test-cache-"))
