@@ -25,7 +25,16 @@ if _WORKERS > 1:
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _WORKERS)))
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # Exported int8 encoders go to a throwaway cache, not the user's (exported once per test session).
-os.environ.setdefault("SEMSEARCH_CACHE", tempfile.mkdtemp(prefix="semsearch-test-cache-"))
+# The process that makes it (pytest, or xdist's controller: its workers and their subprocesses
+# inherit it) removes it when the session ends (~22 MB an int8 export).
+_OWN_CACHE = None
+if "SEMSEARCH_CACHE" not in os.environ:
+    _OWN_CACHE = os.environ["SEMSEARCH_CACHE"] = tempfile.mkdtemp(prefix="semsearch-test-cache-")
+
+
+def pytest_unconfigure(config):
+    if _OWN_CACHE is not None:
+        shutil.rmtree(_OWN_CACHE, ignore_errors=True)
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE = REPO / "data" / "sample"
