@@ -123,20 +123,46 @@ def retriever_surface(folder, explain: bool = False, fast_start: bool = False):
     return run
 
 
+class PadsLikeBf16:
+    """The real fp32 encoder, with what padding does to a vector in bf16 (the `auto` choice on AMX
+    CPUs) made explicit and larger: a text encoded beside longer ones moves by 1e-3 per token of
+    difference, 100x the comparison's tolerance. A text encoded alone, or beside texts of its own
+    token length, is exact. So the servers' surfaces run the bf16 path (the shared encoder's
+    unpadded passes) on every CPU, and a query whose vector depended on its batch mates would
+    show as a score difference from the serial run."""
+
+    pads_exactly = False
+
+    def __init__(self, encoder):
+        self._enc = encoder
+
+    def __getattr__(self, name):
+        return getattr(self._enc, name)
+
+    def encode(self, texts, progress=None, **kw):
+        import numpy as np
+
+        vecs = self._enc.encode(texts, progress=progress, **kw)
+        lens = np.array([min(len(self._enc.token_offsets(t)), self._enc.max_length) for t in texts])
+        return vecs + 1e-3 * (lens.max() - lens)[:, None].astype(vecs.dtype) if len(lens) else vecs
+
+
+def server_encoder():
+    from semsearch.encoder import Encoder
+
+    return PadsLikeBf16(Encoder(device="cpu", precision="fp32"))
+
+
 def http_surface(folder):
     import httpx
     import uvicorn
 
+    from semsearch.exposure import server_config
     from semsearch.serve import Service, create_app
 
-    from semsearch.encoder import Encoder
-
-    # fp32: the server encodes the queries of concurrent requests in one pass, and in bf16 a text's
-    # vector moves with its batch mates (scores by ~3e-4), which would blur the comparison with
-    # the serial run; in fp32 it does not.
-    app = create_app(Service(folder, device="cpu", encoder=Encoder(device="cpu", precision="fp32")))
-    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
-    server = uvicorn.Server(config)
+    app = create_app(Service(folder, device="cpu", encoder=server_encoder()))  # the bf16 path: PadsLikeBf16
+    # The server as `semsearch serve` runs it: its deadlines protocol and connection cap
+    server = uvicorn.Server(server_config(app, "127.0.0.1", 0, "warning"))
     t = threading.Thread(target=server.run, daemon=True)
     t.start()
     while not server.started:
@@ -175,13 +201,12 @@ def mcp_surface(folder):
     import uvicorn
     from mcp import Client
 
-    from semsearch.encoder import Encoder
+    from semsearch.exposure import server_config
     from semsearch.mcp_server import create_server, http_app
     from semsearch.service import Operations, Service
 
-    ops = Operations(Service(folder, device="cpu", encoder=Encoder(device="cpu", precision="fp32")))  # fp32: see http_surface
-    server = uvicorn.Server(uvicorn.Config(http_app(create_server(ops, allow_writes=True), ops), host="127.0.0.1",
-                                           port=0, log_level="warning", lifespan="on"))
+    ops = Operations(Service(folder, device="cpu", encoder=server_encoder()))  # the bf16 path: PadsLikeBf16
+    server = uvicorn.Server(server_config(http_app(create_server(ops, allow_writes=True), ops), "127.0.0.1", 0, "warning"))
     threading.Thread(target=server.run, daemon=True).start()
     while not server.started:
         time.sleep(0.05)
