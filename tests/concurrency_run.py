@@ -59,11 +59,25 @@ def same(a, b) -> bool:
     return len(a) == len(b) and all(x[:2] == y[:2] and abs(x[2] - y[2]) <= 1e-5 for x, y in zip(a, b))
 
 
+class Labelled(list):
+    """A server's hits with the generation its answer names (HTTP and MCP answers carry one)."""
+
+    def __init__(self, hits, generation: int):
+        super().__init__(hits)
+        self.generation = generation
+
+
 class Checker:
+    """References: each call's hits without the writer's document (made at generation g0) and with
+    it (g0 + 1). The writer then alternates, so a generation g holds the document exactly when
+    g - g0 is odd: a labelled answer must equal the reference of the state its label names (a
+    wrong label is a problem, not only hits of neither state)."""
+
     def __init__(self):
         self.refs: dict[tuple, list] = {}
         self.problems: list[str] = []
         self.done = 0
+        self.labels = 0
         self.lock = threading.Lock()
 
     def add_ref(self, surface: str, call, result) -> None:
@@ -73,7 +87,13 @@ class Checker:
         refs = self.refs[(surface, repr(call))]
         with self.lock:
             self.done += 1
-            if not any(same(result, r) for r in refs):
+            if isinstance(result, Labelled) and isinstance(refs[0], Labelled) and len(refs) == 2:
+                self.labels += 1
+                want = refs[(result.generation - refs[0].generation) % 2]
+                if not same(result, want):
+                    self.problems.append(f"{surface} {call!r}: generation {result.generation} (references at "
+                                         f"{refs[0].generation}, {refs[1].generation}) gave {result}, not {want}")
+            elif not any(same(result, r) for r in refs):
                 self.problems.append(f"{surface} {call!r}: {result} not one of {refs}")
 
     def error(self, surface: str, call, e: BaseException) -> None:
@@ -181,7 +201,8 @@ def http_surface(folder):
             resp = local.client.post("/search", json={"query": q, "k": 5, "mode": m, "where": w})
         if resp.status_code != 200:
             raise RuntimeError(f"HTTP {resp.status_code}: {resp.text[:300]}")
-        return key((h["path"], h["chunk"], h["score"]) for h in resp.json()["hits"])
+        body = resp.json()
+        return Labelled(key((h["path"], h["chunk"], h["score"]) for h in body["hits"]), body["generation"])
 
     HTTP_URL.append(f"http://127.0.0.1:{port}")
     return run
@@ -228,8 +249,9 @@ def mcp_surface(folder):
 
     def run(call):
         q, m, w = call
-        hits = tool("search", {"query": q, "k": 5, "mode": m, "where": w})["hits"]
-        return key((h.get("file") or h.get("document"), h["chunk"], h["score"]) for h in hits)
+        out = tool("search", {"query": q, "k": 5, "mode": m, "where": w})
+        return Labelled(key((h.get("file") or h.get("document"), h["chunk"], h["score"]) for h in out["hits"]),
+                        out["generation"])
 
     def write(present: bool) -> None:
         if present:
@@ -500,7 +522,7 @@ def main() -> None:
     stop.set()
     w.join(timeout=120)
     print(json.dumps({"problems": checker.problems[:20], "n_problems": len(checker.problems),
-                      "calls": checker.done, "writes": counts["writes"]}))
+                      "calls": checker.done, "labelled": checker.labels, "writes": counts["writes"]}))
 
 
 if __name__ == "__main__":

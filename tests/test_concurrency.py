@@ -57,6 +57,8 @@ def run(index: Path, *surfaces: str) -> dict:
     out = json.loads(p.stdout.strip().splitlines()[-1])
     assert out["n_problems"] == 0, "\n".join(out["problems"])
     assert out["calls"] > 0 and out["writes"] > 0, out  # the run did search while the writer wrote
+    if {"http", "mcp"} & set(surfaces):  # their answers name a generation: each checked against its state
+        assert out["labelled"] > 0, out
     return out
 
 
