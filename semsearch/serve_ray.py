@@ -23,7 +23,7 @@ import logging
 import os
 import signal
 import time
-from typing import Any, Iterable
+from typing import Any, Iterable, NamedTuple
 
 from semsearch.errors import SemsearchError
 
@@ -38,6 +38,16 @@ LOOPBACK_ENV = "SEMSEARCH_RAY_LOOPBACK"  # set for a local cluster kept on loopb
 
 class ShardUnavailable(SemsearchError):
     """No replica of a shard answered (HTTP 503)."""
+
+
+class StaleAnswer(NamedTuple):
+    """A shard's Stale, returned by its replica rather than raised, and raised again by the
+    router. Stale is the protocol's expected answer while a generation is being published (the
+    router searches again on the newest), but Ray Serve logs every exception a replica raises as a
+    failed request, at ERROR with its traceback: operators saw stack traces for a normal event."""
+
+    message: str
+    generation: int
 
 
 def _require():
@@ -62,7 +72,10 @@ def ray_fanout(handles: list) -> Any:
             try:
                 if response is None:
                     response = handle.call.remote(method, *args)
-                return response.result(timeout_s=CALL_TIMEOUT_S)
+                got = response.result(timeout_s=CALL_TIMEOUT_S)
+                if isinstance(got, StaleAnswer):
+                    raise Stale(got.message, got.generation)
+                return got
             except (Stale, SemsearchError):
                 raise
             except ray.exceptions.RayTaskError as e:  # the shard's own error: pass it on as itself
@@ -121,7 +134,12 @@ def build_app(index, shards: int = 1, replicas: int = 1, *, device: str = "cpu",
             self.shard = Shard(folder, i, n, device)
 
         def call(self, method: str, *args):
-            return self.shard.call(method, *args)
+            from semsearch.shards import Stale
+
+            try:
+                return self.shard.call(method, *args)
+            except Stale as e:
+                return StaleAnswer(str(e), e.generation)
 
     @serve.deployment(ray_actor_options={"num_cpus": num_cpus}, max_ongoing_requests=256)
     @serve.ingress()

@@ -67,17 +67,33 @@ class Labelled(list):
         self.generation = generation
 
 
+# Where each state of the index begins: (the first generation a write through a server can
+# publish, whether the writer's document is there after it). The writer is the only one publishing
+# while a surface runs, so the generation before its write, plus one, is the first that holds the
+# change (a write may publish more than one: a merge after it).
+STATES: list[tuple[int, bool]] = []
+
+
+def record_write(folder, present: bool, write) -> None:
+    from semsearch.store.manifest import Manifest
+
+    first = Manifest.load(folder).generation + 1
+    write()
+    STATES.append((first, present))
+
+
 class Checker:
-    """References: each call's hits without the writer's document (made at generation g0) and with
-    it (g0 + 1). The writer then alternates, so a generation g holds the document exactly when
-    g - g0 is odd: a labelled answer must equal the reference of the state its label names (a
-    wrong label is a problem, not only hits of neither state)."""
+    """Every answer must equal a serial run's in one of the index's two states (without the
+    writer's document, or with it). A labelled answer (HTTP, MCP) must equal the reference of the
+    state its generation names: checked when the run ends (check_labels), from where the writer
+    recorded each state to begin (STATES); the references are labelled too."""
 
     def __init__(self):
         self.refs: dict[tuple, list] = {}
         self.problems: list[str] = []
         self.done = 0
         self.labels = 0
+        self.labelled: list[tuple] = []
         self.lock = threading.Lock()
 
     def add_ref(self, surface: str, call, result) -> None:
@@ -87,14 +103,29 @@ class Checker:
         refs = self.refs[(surface, repr(call))]
         with self.lock:
             self.done += 1
-            if isinstance(result, Labelled) and isinstance(refs[0], Labelled) and len(refs) == 2:
-                self.labels += 1
-                want = refs[(result.generation - refs[0].generation) % 2]
-                if not same(result, want):
-                    self.problems.append(f"{surface} {call!r}: generation {result.generation} (references at "
-                                         f"{refs[0].generation}, {refs[1].generation}) gave {result}, not {want}")
-            elif not any(same(result, r) for r in refs):
+            if not any(same(result, r) for r in refs):
                 self.problems.append(f"{surface} {call!r}: {result} not one of {refs}")
+            elif isinstance(result, Labelled):
+                self.labelled.append((surface, call, result))
+
+    def check_labels(self) -> None:
+        import bisect
+
+        firsts = [g for g, _ in STATES]
+
+        def present(g: int) -> bool:  # before the first recorded write: without the document
+            at = bisect.bisect_right(firsts, g)
+            return STATES[at - 1][1] if at else False
+
+        for surface, call, result in self.labelled:
+            refs = self.refs[(surface, repr(call))]
+            if len(refs) != 2 or not all(isinstance(r, Labelled) for r in refs):
+                continue
+            want = refs[1] if present(result.generation) else refs[0]
+            self.labels += 1
+            if not same(result, want):
+                self.problems.append(f"{surface} {call!r}: generation {result.generation} gave {result}, the state "
+                                     f"{'with' if present(result.generation) else 'without'} the document is {want}")
 
     def error(self, surface: str, call, e: BaseException) -> None:
         with self.lock:
@@ -359,7 +390,7 @@ def writer(folder, stop: threading.Event, checker: Checker, counts: dict) -> Non
         while not stop.is_set():
             for present in (True, False):
                 try:
-                    MCP_WRITE[0](present)
+                    record_write(folder, present, lambda: MCP_WRITE[0](present))
                 except Exception as e:  # noqa: BLE001 - reported
                     checker.error("writer", None, e)
                     return
@@ -371,9 +402,12 @@ def writer(folder, stop: threading.Event, checker: Checker, counts: dict) -> Non
         with httpx.Client(base_url=HTTP_URL[0], timeout=60, headers=_auth()) as c:
             doc = {"id": EXTRA_ID, "text": EXTRA_TEXT, "metadata": {"year": 2015, "lang": "de"}}
             while not stop.is_set():
-                for resp in (c.post("/documents", json={"documents": [doc]}), c.delete(f"/documents/{EXTRA_ID}")):
-                    if resp.status_code != 200:
-                        checker.error("writer", None, RuntimeError(f"HTTP {resp.status_code}: {resp.text[:300]}"))
+                for present in (True, False):
+                    out = []
+                    record_write(folder, present, lambda: out.append(
+                        c.post("/documents", json={"documents": [doc]}) if present else c.delete(f"/documents/{EXTRA_ID}")))
+                    if out[0].status_code != 200:
+                        checker.error("writer", None, RuntimeError(f"HTTP {out[0].status_code}: {out[0].text[:300]}"))
                         return
                     wrote(counts)
         return
@@ -440,14 +474,15 @@ def main() -> None:
 
     def write(present: bool) -> None:
         if MCP_WRITE:
-            MCP_WRITE[0](present)
+            record_write(folder, present, lambda: MCP_WRITE[0](present))
         elif HTTP_URL:
             import httpx
 
             with httpx.Client(base_url=HTTP_URL[0], timeout=60, headers=_auth()) as c:
                 doc = {"id": EXTRA_ID, "text": EXTRA_TEXT, "metadata": {"year": 2015, "lang": "de"}}
-                resp = c.post("/documents", json={"documents": [doc]}) if present else c.delete(f"/documents/{EXTRA_ID}")
-                resp.raise_for_status()
+                record_write(folder, present, lambda: (
+                    c.post("/documents", json={"documents": [doc]}) if present else c.delete(f"/documents/{EXTRA_ID}")
+                ).raise_for_status())
         elif present:
             upsert_documents(folder, [Document(EXTRA_ID, EXTRA_TEXT, {"year": 2015, "lang": "de"})], enc)
         else:
@@ -521,6 +556,7 @@ def main() -> None:
         t.join()
     stop.set()
     w.join(timeout=120)
+    checker.check_labels()
     print(json.dumps({"problems": checker.problems[:20], "n_problems": len(checker.problems),
                       "calls": checker.done, "labelled": checker.labels, "writes": counts["writes"]}))
 

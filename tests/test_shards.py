@@ -184,3 +184,34 @@ def test_more_shards_than_segments_answer_filtered_searches_as_one_process(tmp_p
             got = router.search_batch(QUERIES, 10, mode=mode, where=where)
             for q, a, b in zip(QUERIES, want, got):
                 assert_same(key(a), key(b), (mode, where, q))
+
+
+def test_a_stale_shard_answer_travels_as_a_value_and_is_raised_by_the_router():
+    """A replica returns Stale (StaleAnswer) rather than raising it, so that Ray Serve does not log
+    the protocol's expected answer as a failed request with a traceback; the router's fanout
+    raises it again as Stale, with its generation, and passes other answers through."""
+    pytest.importorskip("ray")
+    from semsearch.serve_ray import StaleAnswer, ray_fanout
+    from semsearch.shards import Stale
+
+    class Response:
+        def __init__(self, value):
+            self.value = value
+
+        def result(self, timeout_s=None):
+            return self.value
+
+    class Handle:
+        def __init__(self, value):
+            self.call = self
+            self.value = value
+
+        def remote(self, method, *args):
+            return Response(self.value)
+
+    fanout = ray_fanout([Handle({"n": 1}), Handle({"n": 2})])
+    assert fanout("candidates", 7) == [{"n": 1}, {"n": 2}]
+    fanout = ray_fanout([Handle({"n": 1}), Handle(StaleAnswer("shard 1 holds generation 8, not 7", 8))])
+    with pytest.raises(Stale) as e:
+        fanout("candidates", 7)
+    assert e.value.generation == 8 and "generation 8" in str(e.value)
