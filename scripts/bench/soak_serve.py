@@ -29,17 +29,11 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "scripts" / "bench"))
+from bench_filters import cpu_flags  # noqa: E402
 QUERIES = ["loan approval", "how long does a loan take", "lentil soup with cumin", "muscle recovery after exercise",
            "printing press in Europe", "watering tomatoes", "credit score check", "sleep and training",
            "books spread", "what to cook tonight", "mortgage rates", "garden vegetables in summer"]
-
-
-def cpu_flags() -> str:
-    try:
-        flags = next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split()
-    except (OSError, StopIteration):
-        return "?"
-    return " ".join(f for f in ("amx_bf16", "avx512f", "avx2") if f in flags) or "none of amx/avx512/avx2"
 
 
 def free_port() -> int:
