@@ -154,12 +154,8 @@ _OPEN = ConfigDict(extra="allow")
 
 
 @with_config(_OPEN)
-class HitOut(TypedDict):
-    """One passage that matched, best first."""
-    id: Annotated[str, Field(description="the passage's fetch id, chunk:N")]
-    rank: int
-    title: Annotated[str, Field(description="its document's title, else the file's name or the document id")]
-    score: Annotated[float, Field(description="the ranking's score: hybrid in [0, 1], dense cosine, lexical BM25")]
+class _Located(TypedDict):
+    """Where a passage or document comes from (service._located): in hits and in fetch's answers."""
     document: NotRequired[Annotated[str, Field(description="the id of the document it comes from, for a document written through the API")]]
     file: NotRequired[Annotated[str, Field(description="the indexed file it comes from (where it is not an API document)")]]
     location: Annotated[str, Field(description="file:line, file p. N or file row N: what to quote")]
@@ -167,6 +163,15 @@ class HitOut(TypedDict):
     section: NotRequired[str]
     line: NotRequired[int]
     row: NotRequired[int]
+
+
+@with_config(_OPEN)
+class HitOut(_Located):
+    """One passage that matched, best first."""
+    id: Annotated[str, Field(description="the passage's fetch id, chunk:N")]
+    rank: int
+    title: Annotated[str, Field(description="its document's title, else the file's name or the document id")]
+    score: Annotated[float, Field(description="the ranking's score: hybrid in [0, 1], dense cosine, lexical BM25")]
     source_id: Annotated[str, Field(description="the fetch id of its whole document: doc:ID or file:PATH")]
     chunk: Annotated[int, Field(description="the passage's number within its document")]
     text: str
@@ -181,19 +186,12 @@ class SearchOut(TypedDict):
 
 
 @with_config(_OPEN)
-class FetchOut(TypedDict):
+class FetchOut(_Located):
     """A passage (kind "chunk") or a whole document (kind "document")."""
     id: str
     kind: Literal["chunk", "document"]
     generation: int
     title: str
-    document: NotRequired[str]
-    file: NotRequired[str]
-    location: str
-    page: NotRequired[int]
-    section: NotRequired[str]
-    line: NotRequired[int]
-    row: NotRequired[int]
     source_id: NotRequired[Annotated[str, Field(description="a passage's whole document")]]
     chunk: NotRequired[int]
     start: NotRequired[Annotated[int, Field(description="a passage's character offsets in its document")]]
