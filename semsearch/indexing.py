@@ -492,6 +492,13 @@ def _update(writer, files, root, encoder, chunking, read, report, progress, flus
     stored = writer.docs.files()
     seen: set[str] = set()
     up = _Updating(writer, encoder, chunking, read, report, flush_chunks, keep_states, cache)
+    try:
+        _add_files(up, files, stored, seen, root, report, progress, checksum, roll, segment_chunks)
+    finally:
+        up.close()
+
+
+def _add_files(up, files, stored, seen, root, report, progress, checksum, roll, segment_chunks) -> None:
     bar = progress_bar(sum(f.size for f in files), "indexing", "B", progress, unit_scale=True)
     for f in files:
         key = str(f.path)
@@ -504,9 +511,9 @@ def _update(writer, files, root, encoder, chunking, read, report, progress, flus
         if not up.add_file(f, old, bar):
             continue
         if roll is not None and up.written + len(up.pending) >= segment_chunks:
-            up.flush()  # a file's chunks and its record stay in one segment: publish between files
+            up.flush(wait=True)  # a file's chunks and its record stay in one segment: publish between files
             up.rolled(roll(up.writer))
-    up.flush()
+    up.flush(wait=True)
     bar.close()
     drop_gone(up.writer, stored, seen, root, report)  # files under this corpus root that are gone
 
@@ -514,7 +521,15 @@ def _update(writer, files, root, encoder, chunking, read, report, progress, flus
 class _Updating:
     """What _update shares between files: the current writer (a roll gives a new one), the chunks
     read but not embedded yet (`pending`, embedded `flush_chunks` at a time) and the number of
-    chunks the new segment got since the last roll (`written`)."""
+    chunks the new segment got since the last roll (`written`).
+
+    Encoding runs beside the rest: a full batch goes to one encoding thread, and this thread
+    writes the batch before it (term analysis, SQLite, the vector file) and reads and chunks the
+    files after it meanwhile, so a build takes about its slower side's time, not the sum (a GPU,
+    or the int8 and bf16 kernels, release the GIL while they run). Batches are written in the
+    order they were read, so chunk ids are what a run without the thread gives. Only one batch is
+    in the thread at a time, and everything that touches the store (a file dropped part way, a
+    roll, the run's end) first waits for it (`flush(wait=True)`)."""
 
     def __init__(self, writer, encoder, chunking, read, report, flush_chunks, keep_states, cache):
         self.encoder, self.chunking, self.read, self.report = encoder, chunking, read, report
@@ -522,29 +537,61 @@ class _Updating:
         self.writer, self.store = writer, writer.docs
         self.written = 0
         self.pending: list[ChunkRow] = []
+        self._pool = None  # the encoding thread, started at the first batch
+        self._inflight = None  # (chunks, the future of their vectors [and states])
 
     def rolled(self, writer) -> None:
         """Go on with the writer a roll gave: a new segment, empty."""
         self.writer, self.store = writer, writer.docs
         self.written = 0
 
-    def flush(self) -> None:
-        """Embed the pending chunks and add them, with their vectors, to the new segment."""
-        pending, encoder, writer = self.pending, self.encoder, self.writer
-        if pending:
-            texts = [embedding_text(c.context, c.text) for c in pending]  # a chunk's titles, then its text
-            if self.keep_states:
-                vecs, states = encoder.encode_with_states(texts, progress=False)
-                for c, st, tb in zip(pending, states, token_table(encoder, texts)):
-                    c.state = writer.append_states(st, tb)
-            elif self.cache is not None:
-                vecs = self.cache.encode(encoder, texts)
+    def flush(self, wait: bool = False) -> None:
+        """Hand the pending chunks to the encoding thread, and add the batch before them, with its
+        vectors, to the new segment; `wait`: this batch too, before returning."""
+        batch, self.pending = self.pending, []
+        if batch:
+            texts = [embedding_text(c.context, c.text) for c in batch]  # a chunk's titles, then its text
+            self.written += len(batch)
+            if not overlap_safe(self.encoder):
+                self._write_inflight()
+                self._inflight = (batch, _Done(self._embed(texts)))
             else:
-                vecs = encoder.encode(texts, progress=False)
-            writer.vectors.add(self.store.add_chunks(pending, vecs), vecs)
-            self.report.chunks += len(pending)
-            self.written += len(pending)
-            pending.clear()
+                if self._pool is None:
+                    from concurrent.futures import ThreadPoolExecutor
+
+                    self._pool = ThreadPoolExecutor(1, thread_name_prefix="semsearch-encode")
+                future = self._pool.submit(self._embed, texts)
+                self._write_inflight()
+                self._inflight = (batch, future)
+        if wait:
+            self._write_inflight()
+
+    def _embed(self, texts: list[str]):
+        encoder = self.encoder
+        if self.keep_states:
+            vecs, states = encoder.encode_with_states(texts, progress=False)
+            return vecs, list(zip(states, token_table(encoder, texts)))
+        if self.cache is not None:
+            return self.cache.encode(encoder, texts), None
+        return encoder.encode(texts, progress=False), None
+
+    def _write_inflight(self) -> None:
+        if self._inflight is None:
+            return
+        batch, future = self._inflight
+        self._inflight = None
+        vecs, states = future.result()
+        if states is not None:
+            for c, (st, tb) in zip(batch, states):
+                c.state = self.writer.append_states(st, tb)
+        self.writer.vectors.add(self.store.add_chunks(batch, vecs), vecs)
+        self.report.chunks += len(batch)
+
+    def close(self) -> None:
+        """Stop the encoding thread (after the batch it holds, if a failure left one)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
 
     def add_file(self, f, old: StoredFile | None, bar) -> bool:
         """A file whose stat differs from its record, or that `checksum` hashes: only touched where
@@ -606,6 +653,7 @@ class _Updating:
             if not self.read.skip_errors:
                 raise e if isinstance(e, CorpusError) else CorpusError(f"{f.path}: {e}") from e
             self.pending[:] = [r for r in self.pending if r.file_id != file_id]  # the file goes, with what it had added
+            self.flush(wait=True)  # (its chunks in the encoding thread too: written, then removed with the file)
             self.writer.vectors.remove(self.store.remove_file(file_id))
             _skip_file(f.path, e, report)
             if old is None:
@@ -617,6 +665,24 @@ class _Updating:
         self.store.set_documents(file_id, len(doc_numbers))
         report.documents += len(doc_numbers)
         return True
+
+
+def overlap_safe(encoder) -> bool:
+    """Whether chunking may run while the encoder encodes in another thread: not on the
+    sentence-transformers backend, whose chunking and encoding share one Hugging Face fast
+    tokenizer (it sets its truncation on every call: two threads at once fail with "Already
+    borrowed"); the native backend chunks with a tokenizer of its own."""
+    return getattr(encoder, "backend", "") != "sentence-transformers"
+
+
+class _Done:
+    """A value as a finished future (the encoding done in this thread)."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def result(self):
+        return self.value
 
 
 # What the user chose to leave out is listed after what semsearch could not read.

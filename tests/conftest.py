@@ -37,25 +37,6 @@ def pytest_unconfigure(config):
         shutil.rmtree(_OWN_CACHE, ignore_errors=True)
 
 
-# pytest -n 2 --dist loadgroup hands out work units (a file's group, or one test) in the order of
-# the collection; by default xdist first sorts them by how many tests each holds, which sent the
-# Ray group (3 tests, ~3 minutes on a shared core) out last, and one worker ran on alone for
-# ~30 s after the other had finished. Longest first instead (the files below, by their measured
-# time in the suite; docs/benchmarks.md "The test suite's time"), the rest in collection order:
-# the small tests at the end even out the two workers.
-LONGEST_FIRST = ("test_ray_engine.py", "test_serve_ray.py", "test_concurrency.py", "test_mcp.py", "test_on_disk.py",
-                 "test_eval.py", "test_watch.py", "test_formats.py", "test_train.py", "test_engines.py")
-
-
-def pytest_configure(config):
-    if hasattr(config.option, "loadscopereorder"):
-        config.option.loadscopereorder = False
-
-
-def pytest_collection_modifyitems(config, items):
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file's own order kept
-
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE = REPO / "data" / "sample"
 SHARED = Path(os.environ.get("SEMSEARCH_SHARED") or REPO.parent / "shared")  # data beside the repo, not in it

@@ -49,7 +49,9 @@ class ResumeCache:
         return self._db
 
     def _open(self) -> sqlite3.Connection:
-        db = sqlite3.connect(self.path)
+        # The indexer's encoding thread encodes through this cache, and the run's thread forgets
+        # and closes it: one at a time (indexing._Updating waits for the batch in the thread first).
+        db = sqlite3.connect(self.path, check_same_thread=False)
         db.execute("PRAGMA synchronous = OFF")  # a cache: a torn write only costs re-embedding
         db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT NOT NULL)")
         if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'vectors'").fetchone() and \

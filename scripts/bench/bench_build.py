@@ -1,0 +1,108 @@
+"""An index build's time with an encoder as fast as a GPU's, against a baseline commit, same run.
+
+    python scripts/bench/bench_build.py [--chunks 100000] [--rate 4000] [--baseline-ref REF] [--rounds 2]
+
+The corpus is bench_scale.py's (synthetic.py: ~200-word chunks of a Zipf vocabulary with topic
+structure, in 50k-record JSONL files, kept under --keep). The encoder is synthetic.py's stand-in,
+which, with --rate R, also sleeps so that each batch takes len(batch) / R seconds in all: an
+encoder of R chunks/s that leaves the CPU to the rest, as a GPU does (--rate 0: the stand-in
+alone, a few microseconds a chunk, holding the GIL). What is timed is `semsearch.index`'s own
+pipeline: reading, chunking, encoding, term analysis, SQLite, vectors, the final IVF.
+
+Each build runs in its own child process, the current code and --baseline-ref's (a git worktree
+under /tmp) in turns, --rounds times; printed: wall seconds, the seconds spent in the encoder,
+chunks/s, the child's CPU seconds, and the load average, with the CPU's flags. Figures:
+docs/benchmarks.md, "Build: encoding beside the rest".
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from bench_filters import cpu_flags  # noqa: E402
+from bench_scale import worktree, write_corpus  # noqa: E402
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def child_build(corpus: Path, index: Path, rate: float) -> dict:
+    import semsearch.indexing as indexing
+    from synthetic import Corpus, StandInEncoder
+
+    class Paced(StandInEncoder):
+        """The stand-in, taking len(texts) / rate seconds a batch, the rest asleep (GIL released)."""
+
+        spent = 0.0  # seconds in encode, sleep included
+
+        def encode(self, texts, progress=None):
+            t = time.perf_counter()
+            v = super().encode(texts, progress)
+            if rate > 0:
+                time.sleep(max(0.0, len(v) / rate - (time.perf_counter() - t)))
+            self.spent += time.perf_counter() - t
+            return v
+
+    enc = Paced(Corpus())
+    t0 = time.perf_counter()
+    rep = indexing.index_corpus(corpus, index, enc, progress=False)
+    wall = time.perf_counter() - t0
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return {"seconds": wall, "encode_seconds": enc.spent, "chunks": rep.chunks, "cpu_seconds": ru.ru_utime + ru.ru_stime}
+
+
+def run_child(args: list[str], pythonpath: str | None) -> dict:
+    env = dict(os.environ)
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
+    out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", *args], env=env, check=True,
+                         stdout=subprocess.PIPE, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--chunks", type=int, default=100_000)
+    ap.add_argument("--rate", type=float, default=4000.0, help="the emulated encoder's chunks/s (0: the stand-in alone)")
+    ap.add_argument("--baseline-ref", help="a commit to build with too, in turns with the current code")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--keep", type=Path, default=Path("/tmp/semsearch-scale"))
+    ap.add_argument("--child", action="store_true")
+    ap.add_argument("rest", nargs="*")
+    a = ap.parse_args()
+    if a.child:
+        print(json.dumps(child_build(Path(a.rest[0]), Path(a.rest[1]), float(a.rest[2]))))
+        return
+    encoder = f"the encoder at {a.rate:g} chunks/s" if a.rate else "the stand-in encoder alone"
+    print(f"CPU flags: {cpu_flags()}; {os.cpu_count()} cores; load average {os.getloadavg()[0]:.2f}; "
+          f"{a.chunks:,} chunks, {encoder}", flush=True)
+    corpus = a.keep / f"corpus-{a.chunks}"
+    write_corpus(corpus, a.chunks)
+    codes = [("current", None)] + ([(f"baseline {a.baseline_ref}", worktree(a.baseline_ref))] if a.baseline_ref else [])
+    got: dict[str, list[dict]] = {label: [] for label, _ in codes}
+    for r in range(a.rounds):
+        for label, path in codes:
+            index = a.keep / f"build-{a.chunks}-{'current' if path is None else 'baseline'}"
+            shutil.rmtree(index, ignore_errors=True)
+            b = run_child([str(corpus), str(index), str(a.rate)], path)
+            b["load"] = os.getloadavg()[0]
+            got[label].append(b)
+            print(f"round {r + 1} {label:<24} {b['seconds']:7.1f} s wall, {b['encode_seconds']:6.1f} s in the encoder, "
+                  f"{b['chunks'] / b['seconds']:6.0f} chunks/s, {b['cpu_seconds']:7.1f} s CPU, load {b['load']:.2f}", flush=True)
+            shutil.rmtree(index, ignore_errors=True)
+    if a.baseline_ref:
+        cur = sorted(x["seconds"] for x in got["current"])
+        base = sorted(x["seconds"] for x in got[codes[1][0]])
+        print(f"best of {a.rounds}: current {cur[0]:.1f} s, baseline {base[0]:.1f} s: {cur[0] / base[0]:.2f}x the baseline's time")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,151 @@
+"""The local build's encoding thread (indexing._Updating): files are read and chunked while a batch
+is encoded, and the index is the one a build without the thread writes (the same ids, chunks,
+vectors and files), also where a file fails part way with chunks in the thread, and where the
+encoder fails."""
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import semsearch.indexing as indexing
+from semsearch.corpus.readers import ReadOptions
+from semsearch.errors import CorpusError, ModelError
+from semsearch.indexing import index_corpus
+from semsearch.store import Manifest
+
+from conftest import FakeEncoder
+from test_engines import dump
+
+
+def write_corpus(root: Path, files: int = 12, lines: int = 30) -> Path:
+    root.mkdir(parents=True)
+    for f in range(files):
+        (root / f"f{f:02d}.txt").write_text("\n\n".join(f"file {f} paragraph {i} about topic{(f * 7 + i) % 5} and more words"
+                                                      for i in range(lines)))
+    return root
+
+
+class Sequential(FakeEncoder):
+    """The fake encoder on the path without the thread (as the sentence-transformers backend is)."""
+
+    backend = "sentence-transformers"
+
+
+class Watched:
+    """A fake encoder that takes 0.3 s a batch and notes whether the build chunked anything (called
+    token_offsets) while a batch was being encoded."""
+
+    def __init__(self, base):
+        self.enc = base
+        self.encoding = False
+        self.batches = 0
+        self.overlapped = set()  # batches during which something was chunked
+
+    def __getattr__(self, name):
+        return getattr(self.enc, name)
+
+    def token_offsets(self, text):
+        if self.encoding:
+            self.overlapped.add(self.batches)
+        return self.enc.token_offsets(text)
+
+    def encode(self, texts, progress=None):
+        self.batches += 1
+        self.encoding = True
+        try:
+            time.sleep(0.3)
+            return self.enc.encode(texts, progress)
+        finally:
+            self.encoding = False
+
+
+def test_files_are_read_and_chunked_while_a_batch_is_encoded(tmp_path):
+    src = write_corpus(tmp_path / "c", files=6)
+    threaded, sequential = Watched(FakeEncoder()), Watched(Sequential())
+    index_corpus(src, tmp_path / "a", threaded, flush_chunks=8, progress=False)
+    index_corpus(src, tmp_path / "b", sequential, flush_chunks=8, progress=False)
+    assert threaded.batches == sequential.batches >= 5
+    # the next file is read and chunked while a batch is encoded (0.3 s: its chunking takes
+    # milliseconds); without the thread, never
+    assert len(threaded.overlapped) >= 1 and not sequential.overlapped
+
+
+@pytest.mark.parametrize("flush", [1, 7, 64])
+def test_the_threaded_build_writes_what_the_sequential_one_does(tmp_path, flush):
+    src = write_corpus(tmp_path / "c")
+    a, b = tmp_path / "threaded", tmp_path / "sequential"
+    index_corpus(src, a, FakeEncoder(), flush_chunks=flush, progress=False)
+    index_corpus(src, b, Sequential(), flush_chunks=flush, progress=False)
+    (ra, va, fa), (rb, vb, fb) = dump(a), dump(b)
+    assert ra == rb and fa == fb and len(ra) > 300
+    np.testing.assert_allclose(va, vb, atol=1e-6)
+    # and an update: one file changed, one gone, one new; batches in the thread cross files
+    (src / "f03.txt").write_text("a changed file\n\nwith two paragraphs")
+    (src / "f05.txt").unlink()
+    (src / "new.txt").write_text("a new file about topic2")
+    ra_, rb_ = (index_corpus(src, x, enc, flush_chunks=flush, progress=False).as_dict()
+                for x, enc in ((a, FakeEncoder()), (b, Sequential())))
+    assert {k: ra_[k] for k in ("added", "updated", "removed", "chunks")} == \
+           {k: rb_[k] for k in ("added", "updated", "removed", "chunks")}
+    (ra, va, fa), (rb, vb, fb) = dump(a), dump(b)
+    assert ra == rb and fa == fb
+    np.testing.assert_allclose(va, vb, atol=1e-6)
+
+
+def test_a_file_failing_part_way_goes_with_its_chunks_already_in_the_thread(tmp_path, monkeypatch):
+    """A file whose reading fails after several batches (some written, one in the encoding
+    thread) is skipped whole under --skip-errors: none of its chunks stay, the others all do."""
+    src = write_corpus(tmp_path / "c", files=5)
+    real = indexing.file_chunks
+
+    def failing(path, *args, **kw):
+        docs = real(path, *args, **kw)
+        if Path(path).name != "f02.txt":
+            yield from docs
+            return
+        for n, rows in docs:  # one document; its chunks one at a time, then a damaged read
+            for r in rows:
+                yield n, [r]
+        raise CorpusError(f"{path}: damaged after its chunks")
+
+    monkeypatch.setattr(indexing, "file_chunks", failing)
+    folder = tmp_path / "idx"
+    rep = index_corpus(src, folder, FakeEncoder(), read=ReadOptions(skip_errors=True), flush_chunks=4, progress=False)
+    rows, vecs, files = dump(folder)
+    assert [Path(s.split(": ")[0]).name for s in rep.skipped_files] == ["f02.txt"]
+    assert {Path(r[1]).name for r in rows} == {"f00.txt", "f01.txt", "f03.txt", "f04.txt"}
+    assert len(rows) == len(vecs) == Manifest.load(folder).counts["chunks"] > 100
+    with pytest.raises(CorpusError, match="damaged after its chunks"):  # without --skip-errors: the run fails
+        index_corpus(src, tmp_path / "idx2", FakeEncoder(), flush_chunks=4, progress=False)
+
+
+class FailsAtBatch(FakeEncoder):
+    def __init__(self, at: int):
+        super().__init__()
+        self.at, self.batches = at, 0
+
+    def encode(self, texts, progress=None):
+        self.batches += 1
+        if self.batches == self.at:
+            raise ModelError("the encoder failed on batch 3")
+        return super().encode(texts, progress)
+
+
+def test_an_encoder_failure_in_the_thread_fails_the_run_and_leaves_the_index_as_it_was(tmp_path):
+    src = write_corpus(tmp_path / "c", files=4)
+    folder = tmp_path / "idx"
+    index_corpus(src, folder, FakeEncoder(), progress=False)
+    before = dump(folder)
+    manifest = (folder / "manifest.json").read_bytes()
+    for f in src.iterdir():
+        f.write_text(f.read_text() + "\n\nchanged")
+    with pytest.raises(ModelError, match="batch 3"):
+        index_corpus(src, folder, FailsAtBatch(3), flush_chunks=5, progress=False)
+    assert (folder / "manifest.json").read_bytes() == manifest
+    after = dump(folder)
+    assert after[0] == before[0] and after[2] == before[2]
+    assert not [t for t in threading.enumerate() if t.name.startswith("semsearch-encode")]  # the thread is gone
