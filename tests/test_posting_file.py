@@ -271,3 +271,21 @@ def test_a_docstore_batch_takes_the_ids_autoincrement_would_and_never_reuses_one
     assert got[1]["metadata"] == {} and got[6]["metadata"] == {} and got[3]["text"] == "text 2 of the loans"
     assert [t[0] for t in store.terms] == [1, 2, 3, 4, 5, 6, 7]
     assert store.terms[2][1:] == lexical.encode_terms("text 2 of the loans")
+
+
+def test_batch_analysis_is_exact_when_word_keys_collide(monkeypatch):
+    """encode_terms_many keys the words of a batch by a 64-bit mix of their bytes and checks the
+    bytes themselves: with a mix that gives every word the same key (every word collides), and
+    after words were remembered under other keys, the bytes are still each text's own."""
+    from semsearch.store.lexical import analysis
+
+    texts = ["Loans and loan approval in one business day", "running runs ran", "x" * 40 + " short words", "",
+             "the of and", "naïve café loans"]
+    want = [lexical.encode_terms(t) for t in texts]
+    assert lexical.encode_terms_many(texts) == want  # the table now holds these words under their real keys
+    monkeypatch.setattr(analysis, "_MIX", (np.uint64(0), np.uint64(0)))
+    assert lexical.encode_terms_many(texts) == want
+    assert lexical.encode_terms_many(texts[1:2]) == want[1:2]  # a batch whose words are all new to key 0
+    monkeypatch.setattr(analysis, "_TABLE", analysis._WordTable())
+    assert lexical.encode_terms_many(["loans loans loan"]) == [lexical.encode_terms("loans loans loan")]  # one word, one key
+    assert lexical.encode_terms_many(["approval", "day"]) == [lexical.encode_terms("approval"), lexical.encode_terms("day")]
