@@ -495,6 +495,9 @@ def _update(writer, files, root, encoder, chunking, read, report, progress, flus
     try:
         _add_files(up, files, stored, seen, root, report, progress, checksum, roll, segment_chunks)
     finally:
+        # After an error or Ctrl-C too, the batch in the thread is finished first: it reads and
+        # writes the resume cache, which the run's abort then closes (closing it under the
+        # thread crashed the process in SQLite).
         up.close()
 
 
@@ -588,7 +591,7 @@ class _Updating:
         self.report.chunks += len(batch)
 
     def close(self) -> None:
-        """Stop the encoding thread (after the batch it holds, if a failure left one)."""
+        """Stop the encoding thread, once the batch it holds (if a failure left one) is encoded."""
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None

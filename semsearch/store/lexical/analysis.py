@@ -106,7 +106,7 @@ class _WordTable:
     took ~0.3 us of this build's ~1 us a word at 200k distinct words (cache misses), and no
     tokenizer library gives these exact words, stop words and Porter2 stems as numpy arrays."""
 
-    LIMIT = 1 << 21  # words remembered; past it the table starts again
+    LIMIT = 1 << 20  # words remembered (32 bytes each), as _CODES; past it the table starts again
 
     def __init__(self):
         # (keys, packed, codes), replaced as one tuple: threads that encode at once each read a
