@@ -6,6 +6,7 @@ import itertools
 import logging
 import sqlite3
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -557,15 +558,14 @@ class _Updating:
             self.written += len(batch)
             if not overlap_safe(self.encoder):
                 self._write_inflight()
-                self._inflight = (batch, _Done(self._embed(texts)))
+                future: Future = Future()
+                future.set_result(self._embed(texts))  # encoded here, written with the next batch as the thread's are
             else:
                 if self._pool is None:
-                    from concurrent.futures import ThreadPoolExecutor
-
                     self._pool = ThreadPoolExecutor(1, thread_name_prefix="semsearch-encode")
                 future = self._pool.submit(self._embed, texts)
                 self._write_inflight()
-                self._inflight = (batch, future)
+            self._inflight = (batch, future)
         if wait:
             self._write_inflight()
 
@@ -676,16 +676,6 @@ def overlap_safe(encoder) -> bool:
     tokenizer (it sets its truncation on every call: two threads at once fail with "Already
     borrowed"); the native backend chunks with a tokenizer of its own."""
     return getattr(encoder, "backend", "") != "sentence-transformers"
-
-
-class _Done:
-    """A value as a finished future (the encoding done in this thread)."""
-
-    def __init__(self, value):
-        self.value = value
-
-    def result(self):
-        return self.value
 
 
 # What the user chose to leave out is listed after what semsearch could not read.

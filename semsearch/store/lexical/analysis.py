@@ -166,20 +166,30 @@ def _ascii_codes(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         packed[:, 1] &= _KEEP[np.maximum(n0 - 8, 0)]
         key = packed[:, 0] * _MIX[0] ^ packed[:, 1] * _MIX[1]
         ukey, first, inverse = np.unique(key, return_index=True, return_inverse=True)
-        raw = buf.tobytes()
         if (packed != packed[first][inverse.reshape(-1)]).any():  # two words of this batch share a key (rare): one by one
-            codes[short] = [_CODES[w] if w in _CODES else _code(w)
-                            for w in (raw[a:b].decode("ascii") for a, b in zip(s0.tolist(), (s0 + n0).tolist()))]
+            codes[short] = _py_codes(_spans(buf, s0, s0 + n0))
         else:
             fs, fe = s0[first], s0[first] + n0[first]
+            raw = buf.tobytes()
             ucodes = _TABLE.codes_of(ukey, packed[first], lambda i: raw[fs[i]:fe[i]].decode("ascii"))
             codes[short] = ucodes[inverse.reshape(-1)]
     long_ = np.flatnonzero(size > _PACK)
     if len(long_):
-        raw = buf.tobytes()
-        codes[long_] = [_CODES[w] if w in _CODES else _code(w)
-                        for w in (raw[a:b].decode("ascii") for a, b in zip(starts[long_].tolist(), ends[long_].tolist()))]
+        codes[long_] = _py_codes(_spans(buf, starts[long_], ends[long_]))
     return codes, doc
+
+
+def _spans(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> list[str]:
+    raw = buf.tobytes()
+    return [raw[a:b].decode("ascii") for a, b in zip(starts.tolist(), ends.tolist())]
+
+
+def _py_codes(words: list[str]) -> list[int]:
+    """Each word's code from _CODES (one dict look-up a word), _code for words not met yet."""
+    codes = list(map(_CODES.get, words))
+    if None in codes:
+        codes = [c if c is not None else _code(w) for w, c in zip(words, codes)]
+    return codes
 
 
 def encode_terms_many(texts: list[str]) -> list[tuple[bytes, int]]:
@@ -190,8 +200,9 @@ def encode_terms_many(texts: list[str]) -> list[tuple[bytes, int]]:
     give the same bytes)."""
     if not texts:
         return []
-    ascii_ = [i for i, t in enumerate(texts) if t.isascii()] if _LITTLE else []  # (_KEEP's masks are little-endian)
-    other = [i for i, t in enumerate(texts) if not t.isascii()] if len(ascii_) < len(texts) else []
+    is_ascii = [_LITTLE and t.isascii() for t in texts]  # (_KEEP's masks are little-endian)
+    ascii_ = [i for i, a in enumerate(is_ascii) if a]
+    other = [i for i, a in enumerate(is_ascii) if not a]
     hs, docs = [], []
     if ascii_:
         h, doc = _ascii_codes([texts[i] for i in ascii_])
@@ -199,11 +210,7 @@ def encode_terms_many(texts: list[str]) -> list[tuple[bytes, int]]:
         docs.append(np.asarray(ascii_, np.int64)[doc])
     if other:
         words = [_words(texts[i]) for i in other]
-        flat = [w for ws in words for w in ws]
-        codes = list(map(_CODES.get, flat))
-        if None in codes:
-            codes = [c if c is not None else _code(w) for w, c in zip(flat, codes)]
-        hs.append(np.array(codes, np.int64))
+        hs.append(np.array(_py_codes([w for ws in words for w in ws]), np.int64))
         docs.append(np.repeat(np.asarray(other, np.int64), np.fromiter(map(len, words), np.int64, len(words))))
     h, doc = np.concatenate(hs), np.concatenate(docs)
     keep = h != _STOP
