@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+import os
 import sqlite3
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -20,7 +21,9 @@ from semsearch.corpus.walk import WalkResult, file_hash, walk
 from semsearch.progress import bar as progress_bar
 from semsearch.encoder.tokens import token_table
 from semsearch.encoder.models import weight_stats
+from semsearch.engines import reader
 from semsearch.engines.chunks import file_chunks
+from semsearch.engines.reader import Opened, offsets_of
 from semsearch.engines.register import drop_file, drop_gone, replace_file, same_stat
 from semsearch.errors import CorpusError, InputError, SettingsMismatch
 from semsearch.store.docstore import ChunkRow, StoredFile
@@ -504,11 +507,13 @@ def _update(writer, files, root, encoder, chunking, read, report, progress, flus
 
 def _add_files(up, files, stored, seen, root, report, progress, checksum, roll, segment_chunks) -> None:
     bar = progress_bar(sum(f.size for f in files), "indexing", "B", progress, unit_scale=True)
+    trusted = {str(f.path) for f in files if _trusted(stored.get(str(f.path)), f, checksum)}
+    up.read_ahead([f for f in files if str(f.path) not in trusted], stored)
     for f in files:
         key = str(f.path)
         seen.add(key)
         old = stored.get(key)
-        if old is not None and not checksum and same_stat(old, f):
+        if key in trusted:
             report.unchanged += 1  # same size, times and inode (as git checks): trust it without hashing
             bar.update(f.size)
             continue
@@ -520,6 +525,11 @@ def _add_files(up, files, stored, seen, root, report, progress, checksum, roll, 
     up.flush(wait=True)
     bar.close()
     drop_gone(up.writer, stored, seen, root, report)  # files under this corpus root that are gone
+
+
+def _trusted(old: StoredFile | None, f, checksum: bool) -> bool:
+    """Whether a file's record is trusted without reading it: the same size, times and inode."""
+    return old is not None and not checksum and same_stat(old, f)
 
 
 class _Updating:
@@ -543,6 +553,7 @@ class _Updating:
         self.pending: list[ChunkRow] = []
         self._pool = None  # the encoding thread, started at the first batch
         self._inflight = None  # (chunks, the future of their vectors [and states])
+        self.ahead: reader.ReadAhead | None = None  # the reader process, where the run has one
 
     def rolled(self, writer) -> None:
         """Go on with the writer a roll gave: a new segment, empty."""
@@ -591,28 +602,41 @@ class _Updating:
         self.report.chunks += len(batch)
 
     def close(self) -> None:
-        """Stop the encoding thread, once the batch it holds (if a failure left one) is encoded."""
+        """Stop the encoding thread, once the batch it holds (if a failure left one) is encoded,
+        and the reader process."""
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
+        if self.ahead is not None:
+            self.ahead.close()
+            self.ahead = None
+
+    def read_ahead(self, files, stored: dict[str, StoredFile]) -> None:
+        """Read and chunk `files` (those the run reads, in its order) in a reader process
+        (engines/reader.py), where there is enough to read to pay for its start, there is a
+        second core, and the encoder's tokenizer can go to another process."""
+        offsets = offsets_of(self.encoder)
+        if offsets is None or (os.cpu_count() or 1) < 2 or sum(f.size for f in files) < reader.READ_AHEAD_BYTES:
+            return
+        olds = [stored.get(str(f.path)) for f in files]
+        self.ahead = reader.ReadAhead([(f.path, o.hash if o is not None else None) for f, o in zip(files, olds)],
+                                      offsets, self.chunking, self.read)
+
+    def _open(self, f, old: StoredFile | None, on_bytes) -> Opened:
+        """A file's hash and documents: from the reader process, else read here (lazily)."""
+        if self.ahead is not None:
+            return self.ahead.open(f.path, on_bytes)
+        try:
+            digest = file_hash(f.path)
+        except OSError as e:
+            return Opened(None, e.strerror, iter(()))
+        return Opened(digest, None, file_chunks(f.path, self.encoder.token_offsets, self.chunking, self.read, on_bytes))
 
     def add_file(self, f, old: StoredFile | None, bar) -> bool:
         """A file whose stat differs from its record, or that `checksum` hashes: only touched where
         its hash is the same, else read into the new segment (or skipped, as the reading options
         say); gives back whether its documents were added."""
         report = self.report
-        try:
-            digest = file_hash(f.path)
-        except OSError as e:
-            digest = None
-            unreadable: Exception = Skip(f"unreadable ({e.strerror})")
-        if old is not None and old.hash == digest:
-            self.store.touch_file(old.id, f.size, f.mtime_ns, f.ctime_ns, f.inode)
-            report.unchanged += 1
-            bar.update(f.size)
-            return False
-        # Stream the file's documents: the first one is read before the file is registered, so a
-        # file skipped as unreadable (checked up front by the readers) leaves nothing behind.
         done = 0
 
         def on_bytes(n: int) -> None:
@@ -620,10 +644,18 @@ class _Updating:
             done += n
             bar.update(n)
 
-        docs = file_chunks(f.path, self.encoder.token_offsets, self.chunking, self.read, on_bytes)
+        opened = self._open(f, old, on_bytes)
+        digest, docs = opened.digest, opened.docs
+        if old is not None and old.hash == digest:
+            self.store.touch_file(old.id, f.size, f.mtime_ns, f.ctime_ns, f.inode)
+            report.unchanged += 1
+            bar.update(f.size)
+            return False
+        # Stream the file's documents: the first one is read before the file is registered, so a
+        # file skipped as unreadable (checked up front by the readers) leaves nothing behind.
         try:
             if digest is None:
-                raise unreadable
+                raise Skip(f"unreadable ({opened.unreadable})")
             first = next(docs, None)
         except (Skip, CorpusError) as e:
             if isinstance(e, CorpusError) and not self.read.skip_errors:

@@ -60,7 +60,11 @@ class FakeEncoder:
         self.calls = 0  # texts encoded so far
 
     def token_offsets(self, text: str) -> list[tuple[int, int]]:
-        return [m.span() for m in re.finditer(r"\w+", text)]
+        return word_offsets(text)
+
+    def chunk_offsets(self):
+        """token_offsets for a build's reader process (a module function: pickled by name)."""
+        return word_offsets
 
     def encode(self, texts, progress=None) -> np.ndarray:
         if isinstance(texts, str):
@@ -72,6 +76,10 @@ class FakeEncoder:
                 out[i, int(hashlib.md5(w.encode()).hexdigest(), 16) % self.dim] += 1.0
         norms = np.linalg.norm(out, axis=1, keepdims=True)
         return out / np.maximum(norms, 1e-12)
+
+
+def word_offsets(text: str) -> list[tuple[int, int]]:
+    return [m.span() for m in re.finditer(r"\w+", text)]
 
 
 @pytest.fixture

@@ -183,3 +183,16 @@ def test_small_cpu_inputs_run_on_one_torch_thread(real_encoder, monkeypatch):
     seen.clear()
     real_encoder.encode(["a longer passage about mortgage rates and loan approval. " * 10] * 8)
     assert seen and set(seen) == {before} and torch.get_num_threads() == before
+
+
+def test_the_chunkers_tokenizer_pickles_for_a_reader_process(real_encoder):
+    """What a build's reader process chunks with (Encoder.chunk_offsets, pickled as the
+    tokenizer's JSON) gives the encoder's own token offsets, past the model's length too."""
+    import pickle
+
+    texts = ["Loan approval takes three days.", "naïve café — ünïcode, emoji 🙂 and\nnew lines",
+             " ".join(f"word{i}" for i in range(600))]
+    far = pickle.loads(pickle.dumps(real_encoder.chunk_offsets()))
+    for t in texts:
+        assert far(t) == real_encoder.token_offsets(t)
+    assert len(far(texts[2])) > real_encoder.max_length

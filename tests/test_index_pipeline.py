@@ -4,6 +4,8 @@ vectors and files), also where a file fails part way with chunks in the thread, 
 encoder fails."""
 from __future__ import annotations
 
+import json
+import os
 import threading
 import time
 from pathlib import Path
@@ -151,3 +153,98 @@ def test_an_encoder_failure_in_the_thread_fails_the_run_and_leaves_the_index_as_
     # the run finished the batch in the thread (it uses the resume cache, which the failed run
     # closes) and stopped the thread before it raised
     assert not [t for t in threading.enumerate() if t.name.startswith("semsearch-encode")]
+
+
+# ---- the reader process (engines/reader.py) --------------------------------------------------
+
+
+@pytest.fixture
+def read_ahead(monkeypatch):
+    """Every build reads in a reader process, whatever it has to read."""
+    from semsearch.engines import reader
+
+    monkeypatch.setattr(reader, "READ_AHEAD_BYTES", 0)
+    monkeypatch.setattr(reader, "GROUP_CHARS", 2000)  # several messages a file
+    started = []
+    real = reader.ReadAhead.__init__
+
+    def spy(self, *a, **kw):
+        real(self, *a, **kw)
+        started.append(self)
+
+    monkeypatch.setattr(reader.ReadAhead, "__init__", spy)
+    return started
+
+
+def mixed_corpus(root: Path) -> Path:
+    """Text files, a JSONL of many small documents, a CSV, Markdown with sections."""
+    write_corpus(root, files=6)
+    (root / "rows.jsonl").write_text("\n".join(json.dumps({"id": i, "text": f"row {i} about topic{i % 4} " * (1 + i % 9)})
+                                                for i in range(400)))
+    (root / "faq.csv").write_text("q,text\n" + "\n".join(f"q{i},answer {i} of the faq about topic{i % 3}" for i in range(50)))
+    (root / "guide.md").write_text("# Guide\n\n" + "\n\n".join(f"## Part {i}\n\ntext of part {i} " * 20 for i in range(8)))
+    return root
+
+
+def test_a_build_read_in_a_reader_process_writes_what_one_process_does(tmp_path, read_ahead, monkeypatch):
+    src = mixed_corpus(tmp_path / "c")
+    a, b = tmp_path / "ahead", tmp_path / "here"
+    rep_a = index_corpus(src, a, FakeEncoder(), flush_chunks=16, progress=False).as_dict()
+    assert len(read_ahead) == 1 and read_ahead[0].returncode == 0  # it ran, and finished
+    from semsearch.engines import reader
+
+    monkeypatch.setattr(reader, "READ_AHEAD_BYTES", 1 << 60)
+    rep_b = index_corpus(src, b, FakeEncoder(), flush_chunks=16, progress=False).as_dict()
+    assert len(read_ahead) == 1
+    keys = ("added", "updated", "removed", "unchanged", "documents", "chunks")
+    assert {k: rep_a[k] for k in keys} == {k: rep_b[k] for k in keys} and rep_a["documents"] > 400
+    (ra, va, fa), (rb, vb, fb) = dump(a), dump(b)
+    assert ra == rb and fa == fb
+    np.testing.assert_allclose(va, vb, atol=1e-6)
+    # an update read ahead: one file changed, one touched (same bytes: hashed, not re-read), one new
+    (src / "f03.txt").write_text("a changed file\n\nwith two paragraphs")
+    os.utime(src / "f04.txt", (1, 1))
+    (src / "new.txt").write_text("a new file about topic2")
+    monkeypatch.setattr(reader, "READ_AHEAD_BYTES", 0)
+    ra_ = index_corpus(src, a, FakeEncoder(), flush_chunks=16, progress=False).as_dict()
+    monkeypatch.setattr(reader, "READ_AHEAD_BYTES", 1 << 60)
+    rb_ = index_corpus(src, b, FakeEncoder(), flush_chunks=16, progress=False).as_dict()
+    assert len(read_ahead) == 2
+    assert {k: ra_[k] for k in keys} == {k: rb_[k] for k in keys}
+    assert (ra_["added"], ra_["updated"], ra_["unchanged"]) == (1, 1, len(list(src.iterdir())) - 2)
+    (ra, va, fa), (rb, vb, fb) = dump(a), dump(b)
+    assert ra == rb and fa == fb
+    np.testing.assert_allclose(va, vb, atol=1e-6)
+
+
+def test_reader_process_errors_are_the_builds_own(tmp_path, read_ahead, caplog):
+    """A JSONL file with a bad line after many documents (some sent, some written): the run fails
+    naming the file and line, and the index is as it was; under --skip-errors the line is
+    skipped and the file's other rows indexed, as in one process. A file that is not UTF-8 is
+    skipped before anything of it is added."""
+    src = mixed_corpus(tmp_path / "c")
+    folder, here = tmp_path / "idx", tmp_path / "here"
+    index_corpus(src, folder, FakeEncoder(), flush_chunks=16, progress=False)
+    before, manifest = dump(folder), (folder / "manifest.json").read_bytes()
+    good = [json.dumps({"text": f"good row {i} " * 30}) for i in range(300)]
+    (src / "bad.jsonl").write_text("\n".join(good + ["{not json"] + good))
+    (src / "latin.txt").write_bytes("caf\xe9 au lait".encode("latin-1"))
+    with pytest.raises(CorpusError, match=r"bad\.jsonl.*301"):
+        index_corpus(src, folder, FakeEncoder(), flush_chunks=16, progress=False)
+    assert (folder / "manifest.json").read_bytes() == manifest and dump(folder)[0] == before[0]
+    assert all(p.returncode is not None for p in read_ahead)  # the failed run's reader was stopped
+    skip = ReadOptions(skip_errors=True)
+    caplog.clear()
+    rep = index_corpus(src, folder, FakeEncoder(), read=skip, flush_chunks=16, progress=False)
+    assert [Path(s.split(": ")[0]).name for s in rep.skipped_files] == ["latin.txt"]
+    # the reader's warning, logged by the build as one process logs it
+    assert [r.name for r in caplog.records if "bad.jsonl:301: skipped malformed line" in r.getMessage()] == \
+        ["semsearch.corpus.readers"]
+    assert len(read_ahead) == 3 and all(p.returncode is not None for p in read_ahead)
+    from semsearch.engines import reader
+
+    reader.READ_AHEAD_BYTES = 1 << 60  # (restored by the fixture's monkeypatch)
+    index_corpus(src, here, FakeEncoder(), read=skip, flush_chunks=16, progress=False)
+    (ra, va, fa), (rb, vb, fb) = dump(folder), dump(here)
+    assert sorted(r[1:] for r in ra) == sorted(r[1:] for r in rb)  # the same chunks (ids: an update's, a build's)
+    assert len(ra) > len(before[0]) + 600  # bad.jsonl's 600 good rows (several chunks each)

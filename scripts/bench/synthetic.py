@@ -101,16 +101,11 @@ class StandInEncoder:
         self.seconds = 0.0  # time spent encoding
 
     def token_offsets(self, text: str) -> list[tuple[int, int]]:
-        """The spans of the text's runs of non-space characters (as re.finditer(r"\\S+")): with
-        numpy for an ASCII text, so the benchmarks time the index's work, not this tokenizer's."""
-        if not text.isascii():
-            import re
+        return standin_offsets(text)
 
-            return [m.span() for m in re.finditer(r"\S+", text)]
-        space = np.frombuffer(text.encode("ascii"), np.uint8)
-        space = _ASCII_SPACE[space]
-        edges = np.flatnonzero(np.diff(np.concatenate(([True], space, [True])).view(np.int8)))
-        return list(zip(edges[0::2].tolist(), edges[1::2].tolist()))
+    def chunk_offsets(self):
+        """token_offsets for a build's reader process (engines/reader.py): a module function, pickled by name."""
+        return standin_offsets
 
     def encode(self, texts, progress=None) -> np.ndarray:
         import time
@@ -128,3 +123,16 @@ class StandInEncoder:
         v /= np.linalg.norm(v, axis=1, keepdims=True)
         self.seconds += time.perf_counter() - t
         return v.astype(np.float32)
+
+
+def standin_offsets(text: str) -> list[tuple[int, int]]:
+    """The spans of the text's runs of non-space characters (as re.finditer(r"\\S+")): with
+    numpy for an ASCII text, so the benchmarks time the index's work, not this tokenizer's."""
+    if not text.isascii():
+        import re
+
+        return [m.span() for m in re.finditer(r"\S+", text)]
+    space = np.frombuffer(text.encode("ascii"), np.uint8)
+    space = _ASCII_SPACE[space]
+    edges = np.flatnonzero(np.diff(np.concatenate(([True], space, [True])).view(np.int8)))
+    return list(zip(edges[0::2].tolist(), edges[1::2].tolist()))

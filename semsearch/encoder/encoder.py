@@ -163,11 +163,13 @@ class Encoder:
             enc = self.st.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True, verbose=False)
             return [tuple(o) for o in enc["offset_mapping"]]
         if self._chunk_tokenizer is None:
-            from tokenizers import Tokenizer
+            self._chunk_tokenizer = ChunkOffsets(self.tokenizer.to_str())
+        return self._chunk_tokenizer(text)
 
-            self._chunk_tokenizer = Tokenizer.from_str(self.tokenizer.to_str())
-            self._chunk_tokenizer.no_truncation()
-        return self._chunk_tokenizer.encode(text, add_special_tokens=False).offsets
+    def chunk_offsets(self) -> "ChunkOffsets | None":
+        """token_offsets as a picklable callable, for a build's reader process (the tokenizer
+        alone: no model); None on the sentence-transformers backend."""
+        return None if self.tokenizer is None else ChunkOffsets(self.tokenizer.to_str())
 
     def iter_states(self, texts: Sequence[str], progress: bool | None = None) -> Iterator[Batch]:
         """Token states for texts, in length-sorted batches of about batch_tokens tokens."""
@@ -384,3 +386,26 @@ def _model_max_length(folder: Path, positions: int) -> int:
         if v:
             return int(v)
     return min(512, positions)
+
+
+class ChunkOffsets:
+    """The chunker's tokenizer: (start, end) character offsets of a text's content tokens, without
+    truncation. Pickles as its tokenizer's JSON (a reader process rebuilds it without torch)."""
+
+    def __init__(self, tokenizer_json: str):
+        self.json = tokenizer_json
+        self._tok = None
+
+    def __getstate__(self) -> dict:
+        return {"json": self.json}
+
+    def __setstate__(self, state: dict) -> None:
+        self.json, self._tok = state["json"], None
+
+    def __call__(self, text: str) -> list[tuple[int, int]]:
+        if self._tok is None:
+            from tokenizers import Tokenizer
+
+            self._tok = Tokenizer.from_str(self.json)
+            self._tok.no_truncation()
+        return self._tok.encode(text, add_special_tokens=False).offsets
