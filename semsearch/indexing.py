@@ -356,6 +356,7 @@ class _Run:
         their size asks, at its end) and go on with a new writer."""
         from semsearch.store.merge import build_vectors
 
+        t0 = time.perf_counter()
         vs, base = self.vs, self.base
         req = vs.index_type if vs.index_type != "auto" else (base.index["type"] if base is not None and base.index.get("forced") else "auto")
         w.vectors, entry = build_vectors(w.new_vecs, self.encoder.out_dim, "flat", w.docs.new.counts()["chunks"], vs.target_recall,
@@ -370,7 +371,7 @@ class _Run:
         w.commit(m, merge="none", rolled=True)
         if self.cache is not None:  # its files are published: a run resumed after this one skips them
             self.cache.forget()
-        log.info("published %d chunks so far as a segment", m.counts["chunks"])
+        log.info("published %d chunks so far as a segment (%.1f s)", m.counts["chunks"], time.perf_counter() - t0)
         self.writer = IndexWriter(self.folder, self.encoder.out_dim, Manifest.load(self.folder))
         return self.writer
 

@@ -35,7 +35,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 def child_build(corpus: Path, index: Path, rate: float) -> dict:
+    import logging
+
     import semsearch.indexing as indexing
+
+    # the build's steps (segments published, the final merge's steps) with their time, on stderr
+    logging.basicConfig(level=logging.INFO, format="  %(relativeCreated)9.0f ms  %(name)s: %(message)s")
     from synthetic import Corpus, StandInEncoder
 
     class Paced(StandInEncoder):

@@ -154,6 +154,7 @@ def merge(folder: Path, group: list[dict], seg_id: int, dim: int, manifest) -> d
     gives back its manifest entry."""
     docs_file, vectors_file = f"docs.{seg_id}.sqlite", f"vectors.{seg_id}.faiss"
     store = DocStore(folder / docs_file, unpublished=True)  # fsynced before the manifest names it
+    steps = _Steps(seg_id)
     try:
         states: set[str] = set()
         deads = []
@@ -165,22 +166,40 @@ def merge(folder: Path, group: list[dict], seg_id: int, dim: int, manifest) -> d
         counts = store.counts()
         if any("states" not in e for e in group):
             states = store.state_files()
+        steps.done("docstores copied")
         index = (manifest.index or {})
         vecs = merge_vectors(folder, group, vecfile.file_name(seg_id), dim, deads, index.get("storage"))
+        steps.done("vectors copied")
         requested = index.get("requested", index.get("type", "auto")) if index.get("forced") else "auto"
         target = (index.get("recall") or {}).get("target", 0.95)
         vi, entry = build_vectors(vecs, dim, requested, counts["chunks"], target, params=index.get("params"))
+        steps.done("vector index built and tuned")
         order_by_lists(folder / vecfile.file_name(seg_id), vi)
+        steps.done("vectors ordered by list")
         # posting files merged term range by term range (bounded memory); a segment from before
         # posting files has its terms in its docstore rows, inverted again
         store.write_lexical([(lexical.open_file(folder / e["postings"]), d.chunks) for e, d in zip(group, deads) if e.get("postings")])
         store.commit()
+        steps.done("postings merged")
         vi.save(folder / vectors_file, vectors_elsewhere=True)
         for name in (docs_file, vectors_file):
             fsync_file(folder / name)
+        steps.done("written to disk")
         return segment_entry(folder, seg_id, store, vi, entry, sorted(states))
     finally:
         store.close()
+
+
+class _Steps:
+    """A merge's steps and their seconds, logged (`semsearch -v`: where a large build's end goes)."""
+
+    def __init__(self, seg_id: int):
+        self.seg_id, self.t = seg_id, time.perf_counter()
+
+    def done(self, what: str) -> None:
+        now = time.perf_counter()
+        log.info("merge into segment %d: %s in %.1f s", self.seg_id, what, now - self.t)
+        self.t = now
 
 
 def order_by_lists(path: Path, vi: VectorIndex) -> None:
