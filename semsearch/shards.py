@@ -6,14 +6,17 @@ one process over the whole index answers.
     router = ShardedSearch(folder, local_fanout(shards), encoder)
     router.search_batch(["loan approval"], k=10, mode="hybrid", where={"lang": "en"})
 
-A search takes up to four rounds, each a call of every shard at once (`fanout`):
-    prepare     the generation, and per query: each term's document frequency, the shard's live
-                rows and their total length (BM25's statistics are the whole index's, as in one
-                process), and how many chunks the filter lets through (the exact-search threshold
-                is decided on the whole index's count)
+A search takes two rounds, three where the router has not met one of its terms or its filter at
+this generation; each round is a call of every shard at once (`fanout`):
+    prepare     (only for what the router does not hold for the generation yet) each term's
+                document frequency, the shard's live rows and their total length (BM25's
+                statistics are the whole index's, as in one process), and how many chunks the
+                filter lets through (the exact-search threshold is decided on the whole index's
+                count); kept per generation by the router
     candidates  per query the shard's dense top `depth` and BM25 top `depth` (under the global
-                statistics); the router keeps the global top `depth` of each side
-    fill        hybrid only: the cosine and BM25 of each fused candidate, from the shard that owns it
+                statistics), and for hybrid each of those candidates' cosine and BM25; the router
+                keeps the global top `depth` of each side and fuses (every candidate it keeps is in
+                the top `depth` of a side of its shard, which scored it both ways)
     chunks      the hits' records
 The merge is the one-process arithmetic on the same numbers: dense by score, BM25 by score (ties to
 the lower id), hybrid fused over the union of both sides' global top `depth` (fusion.fuse, fusion.top).
@@ -140,9 +143,12 @@ class Shard:
     def candidates(self, generation: int, qv: np.ndarray | None, hashes: list[np.ndarray] | None, depth: int, where: Any,
                    exact: bool, stats: list[dict] | None) -> dict[str, Any]:
         """Per query: this shard's dense (scores, ids) top `depth` (qv given) and BM25 (ids, scores)
-        top `depth` under the whole index's statistics (hashes given)."""
+        top `depth` under the whole index's statistics (hashes given); for hybrid (both given),
+        `both`: each of those candidates' stored-vector cosine, BM25 score and count of the
+        query's terms it holds, so the router fuses without asking again (a fused candidate is in
+        the top `depth` of a side of the shard that holds it)."""
         s = self._at(generation)
-        out: dict[str, Any] = {"dense": None, "lexical": None}
+        out: dict[str, Any] = {"dense": None, "lexical": None, "both": None}
         if s.empty:
             return out
         allowed = s.allowed(where)
@@ -153,29 +159,10 @@ class Shard:
         if hashes is not None and s.lex is not None:
             mask = allowed.rows(s.lex.ids) if allowed is not None else None
             out["lexical"] = [_under(s.lex, st).top_k(h, depth, mask) for h, st in zip(hashes, stats)]
-        return out
-
-    def fill(self, generation: int, qv: np.ndarray, hashes: list[np.ndarray], cands: list[np.ndarray],
-             stats: list[dict]) -> list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
-        """Per query: (the candidate ids this shard holds, their cosines, their BM25 scores, how
-        many of the query's terms each holds)."""
-        s = self._at(generation)
-        out = []
-        for v, h, cand, st in zip(qv, hashes, cands, stats):
-            if s.empty or not len(cand):
-                out.append((np.zeros(0, np.int64), np.zeros(0, np.float64), np.zeros(0, np.float32), np.zeros(0, np.int32)))
-                continue
-            held = s.g.docs.held(np.asarray(cand, np.int64))
-            vecs = s.g.vectors.reconstruct(held) if len(held) else np.zeros((0, len(v)), np.float32)
-            if vecs is None:
-                held, vecs = s.g.docs.get_vectors(held)
-            cos = vecs @ np.asarray(v, np.float32) if len(held) else np.zeros(0, np.float32)
-            lex = _under(s.lex, st) if s.lex is not None else None
-            if lex is not None:  # the counts only for a query long enough to use them
-                b, t = lex.scores_and_terms_of(h, held, terms=len(h) >= fusion_.ALL_TERMS_MIN)
-            else:
-                b, t = np.zeros(len(held), np.float32), np.zeros(len(held), np.int32)
-            out.append((np.asarray(held, np.int64), np.asarray(cos, np.float64), b, t))
+        if out["dense"] is not None and out["lexical"] is not None:
+            _, dids = out["dense"]
+            out["both"] = [_scores_of(s, v, h, np.union1d(d[d >= 0], np.asarray(lex[0], np.int64)), st)
+                           for v, h, d, lex, st in zip(qv, hashes, dids, out["lexical"], stats)]
         return out
 
     def chunks(self, generation: int, ids: list[int]) -> dict[int, dict[str, Any]]:
@@ -219,13 +206,30 @@ class Shard:
 
     def call(self, method: str, *args):
         """One of the rounds by name (what a shard deployment's replicas are called with)."""
-        if method not in ("prepare", "candidates", "fill", "chunks", "select", "generation", "explain_lexical", "vectors"):
+        if method not in ("prepare", "candidates", "chunks", "select", "generation", "explain_lexical", "vectors"):
             raise InputError(f"no shard method {method!r}")
         return getattr(self, method)(*args)
 
 
 def _under(lex, st: dict):
     return lex.under(st["n"], st["total"], st["df"])
+
+
+def _scores_of(s: _ShardGeneration, v: np.ndarray, h: np.ndarray, ids: np.ndarray, st: dict
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(ids, their cosines from the stored vectors, their BM25 scores under the whole index's
+    statistics, how many of the query's terms each holds): what one process computes for its
+    fused candidates."""
+    if not len(ids):
+        return np.zeros(0, np.int64), np.zeros(0, np.float64), np.zeros(0, np.float32), np.zeros(0, np.int32)
+    held = ids
+    vecs = s.g.vectors.reconstruct(held)
+    if vecs is None:
+        held, vecs = s.g.docs.get_vectors(held)
+    cos = vecs @ np.asarray(v, np.float32)
+    # the counts only for a query long enough to use them
+    b, t = _under(s.lex, st).scores_and_terms_of(h, held, terms=len(h) >= fusion_.ALL_TERMS_MIN)
+    return np.asarray(held, np.int64), np.asarray(cos, np.float64), b, t
 
 
 # ---- the router ----------------------------------------------------------------------------------
@@ -251,6 +255,8 @@ class ShardedSearch:
         self.fanout = fanout
         self.encoder = encoder
         self._generation = generation or (lambda: Manifest.load(self.folder).generation)
+        self._lock = threading.Lock()
+        self._prep: dict[int, _Prepared] = {}  # per generation: what `prepare` said (self._prepared)
 
     def search(self, query: str, k: int = 10, mode: str | None = None, where: Any = None, **kw):
         return self.search_batch([query], k, mode, where, **kw)[0]
@@ -286,21 +292,19 @@ class ShardedSearch:
         from semsearch.store.lexical import MAX_TERMS, terms
 
         hashes = [np.array(list(dict.fromkeys(terms(q)))[:MAX_TERMS], np.int64) for q in queries]
-        prep = self.fanout("prepare", gen, hashes, where)
-        mode = fusion_.check_mode(mode or ("hybrid" if all(p["has_lexical"] for p in prep) else "dense"))
-        if mode != "dense" and not all(p["has_lexical"] for p in prep):
+        prep = self._prepared(gen, hashes, where)
+        mode = fusion_.check_mode(mode or ("hybrid" if prep.has_lexical else "dense"))
+        if mode != "dense" and not prep.has_lexical:
             raise InputError(f"{self.folder} was built before lexical search; use mode dense")
         # chunks the filter lets through, per shard (None: no filter; a shard that holds no
         # segment says None under a filter too, and lets nothing through)
-        counts = [p["allowed"] for p in prep]
+        counts = prep.allowed[_where_key(where)]
         filtered = any(c is not None for c in counts)
         allowed = sum(c or 0 for c in counts)
         if filtered and not allowed:
             return [[] for _ in queries]
         exact = filtered and allowed <= EXACT_BELOW
-        n, total = sum(p["n"] for p in prep), sum(p["total"] for p in prep)
-        stats = [{"n": n, "total": total, "df": {int(h): int(sum(p["df"][q][t] for p in prep)) for t, h in enumerate(hs)}}
-                 for q, hs in enumerate(hashes)]
+        stats = [{"n": prep.n, "total": prep.total, "df": {int(h): prep.df[int(h)] for h in hs}} for hs in hashes]
         qv = None if mode == "lexical" else encode_queries(self.encoder, queries)
         depth = k if mode != "hybrid" else max(k, fusion_.DEPTH)
         parts = self.fanout("candidates", gen, qv, None if mode == "dense" else hashes, depth, where, exact,
@@ -320,6 +324,32 @@ class ShardedSearch:
         if explain:
             self._explain(gen, queries, qv, hits, mode, fusion, alpha, pools, stats)
         return hits
+
+    def _prepared(self, gen: int, hashes: list[np.ndarray], where: Any) -> "_Prepared":
+        """The whole index's BM25 statistics for the queries' terms and the filter's count per
+        shard, at generation gen: kept per generation, so the `prepare` round is asked only for
+        terms and filters this router has not met at gen (a search of known terms is two rounds)."""
+        key = _where_key(where)
+        with self._lock:
+            got = self._prep.get(gen)
+            want = sorted({int(h) for hs in hashes for h in hs} - (set(got.df) if got is not None else set()))
+            if got is not None and not want and key in got.allowed:
+                return got
+        ask = np.array(want, np.int64)
+        parts = self.fanout("prepare", gen, [ask], where)
+        with self._lock:
+            got = self._prep.get(gen)
+            if got is None:
+                got = self._prep[gen] = _Prepared(sum(p["n"] for p in parts), sum(p["total"] for p in parts),
+                                                  all(p["has_lexical"] for p in parts))
+                for old in sorted(self._prep)[:-2]:  # searches still on the one before finish on it
+                    del self._prep[old]
+            if len(got.df) > _PREP_TERMS or len(got.allowed) > _PREP_FILTERS:
+                got.df.clear()
+                got.allowed.clear()
+            got.df.update((h, int(sum(int(p["df"][0][t]) for p in parts))) for t, h in enumerate(want))
+            got.allowed[key] = [p["allowed"] for p in parts]
+            return got
 
     def _explain(self, gen, queries, qv, hits, mode, fusion, alpha, pools, stats) -> None:
         """Each hit's explanation, as one process gives it: the BM25 parts from the shards that hold
@@ -344,7 +374,7 @@ class ShardedSearch:
             lids = [i for i, _ in _merge_lexical(parts, q, depth)]
             cands.append(np.union1d(np.array([i for i, _ in d], np.int64), np.array(lids, np.int64)))
             dense.append(dict(d))
-        filled = self.fanout("fill", gen, qv, hashes, cands, stats)
+        filled = [p["both"] for p in parts if p.get("both") is not None]  # each shard's candidates, both scores
         out = []
         for q, cand in enumerate(cands):
             if not len(cand):
@@ -356,10 +386,11 @@ class ShardedSearch:
             b = np.zeros(len(cand), np.float32)
             t = np.zeros(len(cand), np.int32)
             for held, cos, bm, terms in (f[q] for f in filled):
-                at = np.searchsorted(cand, held)
-                d[at] = cos
-                b[at] = bm
-                t[at] = terms
+                keep = np.isin(held, cand)  # a shard's candidate that is in the whole index's top of a side
+                at = np.searchsorted(cand, held[keep])
+                d[at] = cos[keep]
+                b[at] = bm[keep]
+                t[at] = terms[keep]
             for i, s in dense[q].items():  # the search's own cosines, as one process keeps them
                 d[np.searchsorted(cand, i)] = s
             # the query's terms some live chunk of the whole index holds, as one process counts them
@@ -369,6 +400,31 @@ class ShardedSearch:
             fused = fusion_.fuse(d, b, fusion, alpha) + full
             out.append([(int(cand[j]), float(fused[j]), float(d[j]), float(b[j])) for j in fusion_.top(cand, fused, k)])
         return out
+
+
+_PREP_TERMS = 1 << 20  # terms' document frequencies a router keeps per generation (~100 MB at most)
+_PREP_FILTERS = 4096  # filters' counts
+
+
+@dataclasses.dataclass
+class _Prepared:
+    """What the shards' `prepare` said of one generation: its live chunks and their total length,
+    whether every shard has BM25, document frequencies of the terms asked so far ({hash: df}),
+    and the chunks each shard lets through per filter asked so far ({key: [count or None]})."""
+
+    n: int
+    total: float
+    has_lexical: bool
+    df: dict[int, int] = dataclasses.field(default_factory=dict)
+    allowed: dict[str, list] = dataclasses.field(default_factory=dict)
+
+
+def _where_key(where: Any) -> str:
+    """A filter as a key of the router's per-generation counts (the same filter written otherwise
+    is only asked again)."""
+    import json
+
+    return json.dumps(where, sort_keys=True, default=repr)
 
 
 class _RouterGeneration:

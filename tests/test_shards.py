@@ -215,3 +215,40 @@ def test_a_stale_shard_answer_travels_as_a_value_and_is_raised_by_the_router():
     with pytest.raises(Stale) as e:
         fanout("candidates", 7)
     assert e.value.generation == 8 and "generation 8" in str(e.value)
+
+
+def test_a_search_is_two_rounds_once_the_router_knows_its_terms_and_filter(index, real_encoder):
+    """The rounds a search costs: `prepare` only for terms or a filter this router has not met at
+    this generation; hybrid fuses from the `candidates` round (no round to fill in scores); the
+    answers equal one process's, before and after a write moves the generation."""
+    shards = [Shard(index, i, 3) for i in range(3)]
+    calls: list[str] = []
+
+    def fanout(method, *args):
+        calls.append(method)
+        return local_fanout(shards)(method, *args)
+
+    router = ShardedSearch(index, fanout, real_encoder)
+
+    def rounds(query, mode, where=None):
+        calls.clear()
+        got = router.search(query, 10, mode=mode, where=where)
+        one = Retriever.load(index, device="cpu", encoder=real_encoder).search(query, 10, mode=mode, where=where)
+        assert_same(key(one), key(got), (query, mode, where))
+        assert got, (query, mode, where)
+        return list(calls)
+
+    assert rounds("loan approval", "hybrid") == ["prepare", "candidates", "chunks"]
+    assert rounds("loan approval", "hybrid") == ["candidates", "chunks"]
+    assert rounds("approval loan", "lexical") == ["candidates", "chunks"]  # the same terms
+    assert rounds("loan approval decision", "hybrid") == ["prepare", "candidates", "chunks"]  # one new term
+    assert rounds("loan approval", "hybrid", {"lang": "en"}) == ["prepare", "candidates", "chunks"]  # a new filter
+    assert rounds("loan approval", "hybrid", {"lang": "en"}) == ["candidates", "chunks"]
+    assert rounds("loan decision", "dense", {"lang": "en"}) == ["candidates", "chunks"]
+    upsert_documents(index, [Document("rounds-1", "Loan approval decisions in one day, said the note.", {"lang": "en"})],
+                     real_encoder)
+    try:
+        assert rounds("loan approval", "hybrid") == ["prepare", "candidates", "chunks"]  # a new generation
+        assert rounds("loan approval", "hybrid") == ["candidates", "chunks"]
+    finally:
+        delete_documents(index, ["rounds-1"])
