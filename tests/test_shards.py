@@ -252,3 +252,72 @@ def test_a_search_is_two_rounds_once_the_router_knows_its_terms_and_filter(index
         assert rounds("loan approval", "hybrid") == ["candidates", "chunks"]
     finally:
         delete_documents(index, ["rounds-1"])
+
+
+def test_every_shard_count_answers_as_the_index_grows_and_shrinks(tmp_path):
+    """1 to 4 shards, each with one router kept across generations (its statistics and filter
+    counts are per generation), over an index of no chunk, one segment, many (upserts), one of them
+    emptied by a delete, and one again (compact): every mode and filter form answers as one
+    process does, empty shards and filters that let nothing through included."""
+    from semsearch.store.folder import compact
+
+    enc = FakeEncoder()
+    corpus = tmp_path / "c"
+    corpus.mkdir()
+    folder = tmp_path / "idx"
+    (corpus / "empty.txt").write_text("")
+    index_corpus(corpus, folder, enc, progress=False)  # a file without text: no chunk yet
+    routers = {n: ShardedSearch(folder, local_fanout([Shard(folder, i, n) for i in range(n)]), enc) for n in (1, 2, 3, 4)}
+    wheres = [None, {"lang": "en"}, ["year>=2005", "year<2020"], "path:*.jsonl", {"lang": {"!=": "en"}}, {"lang": "xx"}]
+    queries = ["loan approval", "lentil soup cumin", "sleep recovery after exercise", "zzz unknown words"]
+
+    def check(state: str) -> int:
+        one = Retriever.load(folder, encoder=enc)
+        answered = 0
+        for n, router in routers.items():
+            for mode in ("dense", "lexical", "hybrid"):
+                for where in wheres:
+                    want = one.search_batch(queries, 5, mode=mode, where=where)
+                    got = router.search_batch(queries, 5, mode=mode, where=where)
+                    for q, a, b in zip(queries, want, got):
+                        assert_same_up_to_ties(key(a), key(b), (state, n, mode, where, q))
+                        answered += bool(a)
+        return answered
+
+    assert Retriever.load(folder, encoder=enc).manifest.counts["chunks"] == 0
+    assert check("no chunk") == 0
+    with open(corpus / "papers.jsonl", "w") as f:
+        for i in range(30):
+            f.write(json.dumps({"text": f"Paper {i}: {TOPICS[i % 5]} {extra(i)}.", "year": 2000 + i % 25,
+                                "lang": "de" if i % 4 == 0 else "en"}) + "\n")
+    index_corpus(corpus, folder, enc, progress=False)
+    assert check("one segment") > 0
+    for j in range(3):
+        upsert_documents(folder, [Document(f"n{j}-{i}", f"Note {i}: {TOPICS[(i + j) % 5]} {extra(100 + 4 * j + i)}.",
+                                           {"year": 2001 + i, "lang": "en" if i % 2 else "fr"}) for i in range(4)], enc)
+    assert len(Retriever.load(folder, encoder=enc).manifest.segments) >= 4
+    assert check("many segments") > 0
+    delete_documents(folder, [f"n1-{i}" for i in range(4)])  # one segment left with nothing live
+    assert check("a segment emptied") > 0
+    compact(folder)
+    assert len(Retriever.load(folder, encoder=enc).manifest.segments) == 1
+    assert check("compacted") > 0
+
+
+def extra(i: int) -> str:
+    """A few words of the document's own (the fake encoder's cosines would tie for texts of the same words)."""
+    return " ".join(f"w{i}x{j}" for j in range(i % 4))
+
+
+def assert_same_up_to_ties(a, b, what):
+    """The same scores (within 1e-5), and the same ids for each run of exactly tied scores (the
+    order inside a tie is the only freedom the router has); a tie cut by k may hold other ids."""
+    assert len(a) == len(b) and all(abs(x - y) <= 1e-5 for (_, x), (_, y) in zip(a, b)), (what, a, b)
+    at = 0
+    while at < len(a):
+        end = at
+        while end < len(a) and abs(a[end][1] - a[at][1]) <= 1e-6:
+            end += 1
+        if end < len(a):  # (the last run may go on past k)
+            assert {i for i, _ in a[at:end]} == {i for i, _ in b[at:end]}, (what, a, b)
+        at = end

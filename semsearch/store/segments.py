@@ -621,8 +621,11 @@ class _Small:
             import faiss
 
             ids = np.concatenate([p.segment.ids for p in run])
-            flat = faiss.IndexFlatIP(run[0].segment.vectors.d)
-            for p in run:
+            # a segment without chunks (a first run over files without text) may not know the
+            # dimension: the others' is the index's
+            filled = [p for p in run if len(p.segment.ids)]
+            flat = faiss.IndexFlatIP((filled or run)[0].segment.vectors.d)
+            for p in filled:
                 flat.add(np.ascontiguousarray(p.segment.vectors.reconstruct(p.segment.ids), np.float32))
             return ids, flat
 
