@@ -248,3 +248,63 @@ def test_reader_process_errors_are_the_builds_own(tmp_path, read_ahead, caplog):
     (ra, va, fa), (rb, vb, fb) = dump(folder), dump(here)
     assert sorted(r[1:] for r in ra) == sorted(r[1:] for r in rb)  # the same chunks (ids: an update's, a build's)
     assert len(ra) > len(before[0]) + 600  # bad.jsonl's 600 good rows (several chunks each)
+
+
+KILLED_BUILD = """
+import sys, time
+sys.path.insert(0, {tests!r})
+from pathlib import Path
+from conftest import FakeEncoder
+from semsearch.engines import reader
+from semsearch.indexing import index_corpus
+
+reader.READ_AHEAD_BYTES = 0
+real = reader.ReadAhead.__init__
+
+def spy(self, *a, **kw):
+    real(self, *a, **kw)
+    print(self._proc.pid, flush=True)
+
+reader.ReadAhead.__init__ = spy
+
+class Slow(FakeEncoder):
+    def encode(self, texts, progress=None):
+        time.sleep(0.5)
+        return super().encode(texts, progress)
+
+index_corpus(Path({src!r}), Path({folder!r}), Slow(), flush_chunks=4, progress=False)
+"""
+
+
+def test_a_build_killed_with_sigkill_leaves_no_reader_process(tmp_path):
+    """The build is SIGKILLed while its reader process runs ahead: the reader, finding its
+    pipe closed, exits (no orphan), and the index is as it was before the run."""
+    import signal
+    import subprocess
+    import sys
+
+    src = write_corpus(tmp_path / "c", files=12, lines=60)
+    folder = tmp_path / "idx"
+    code = KILLED_BUILD.format(tests=str(Path(__file__).parent), src=str(src), folder=str(folder))
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        pid = int(p.stdout.readline())
+        time.sleep(2.0)  # batches encoded, the reader ahead of them
+        assert p.poll() is None, "the build ended before it was killed"
+        p.send_signal(signal.SIGKILL)
+        assert p.wait(30) == -signal.SIGKILL
+    finally:
+        if p.poll() is None:
+            p.kill()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        if Path(f"/proc/{pid}/stat").exists() and Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z":
+            break  # exited; its parent (killed) was not there to reap it
+        time.sleep(0.2)
+    else:
+        pytest.fail(f"the reader process {pid} outlived the killed build")
+    assert not (folder / "manifest.json").exists() or Manifest.load(folder).counts["chunks"] == 0

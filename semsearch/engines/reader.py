@@ -136,8 +136,8 @@ def main() -> None:
     try:
         _reader(jobs, offsets, chunking, read, out)
         stdout.flush()
-    except BrokenPipeError:  # the build stopped reading: it failed, or was stopped
-        pass
+    except BrokenPipeError:  # the build stopped reading (it failed, or was killed): nothing to flush to
+        os._exit(0)
 
 
 _LEN = struct.Struct("<I")
