@@ -337,6 +337,7 @@ class _Run:
         self.report, self.needs_repool, self.force = report, needs_repool, force
         self.writer = IndexWriter(folder, encoder.out_dim, base)
         self.cache = None
+        self.rolls = 0  # segments this run published as it went (roll)
 
     def manifest_for(self, w: IndexWriter, entry: dict) -> Manifest:
         """The manifest of the run's settings for what `w` holds, with `entry` as its new segment's index."""
@@ -351,12 +352,11 @@ class _Run:
             created=base.created if base else "", index=entry,
         )
 
-    def roll(self, w: IndexWriter) -> IndexWriter:
-        """Publish w's new segment as it is (flat: the run's segments are merged, and indexed as
-        their size asks, at its end) and go on with a new writer."""
+    def _flat_entry(self, w: IndexWriter) -> dict:
+        """w's new segment indexed flat, for a run that merges its segments at its end (where the
+        index of the type their size asks for is built once), with the type the run asks for."""
         from semsearch.store.merge import build_vectors
 
-        t0 = time.perf_counter()
         vs, base = self.vs, self.base
         req = vs.index_type if vs.index_type != "auto" else (base.index["type"] if base is not None and base.index.get("forced") else "auto")
         w.vectors, entry = build_vectors(w.new_vecs, self.encoder.out_dim, "flat", w.docs.new.counts()["chunks"], vs.target_recall,
@@ -365,10 +365,19 @@ class _Run:
         if entry["forced"]:
             entry["requested"] = req
         _keep_storage(entry, vs, base)  # the run's segments are stored as its end's will be
-        m = self.manifest_for(w, entry)
+        return entry
+
+    def roll(self, w: IndexWriter) -> IndexWriter:
+        """Publish w's new segment as it is (flat: the run's segments are merged, and indexed as
+        their size asks, at its end) and go on with a new writer."""
+        from semsearch.store.merge import build_vectors
+
+        t0 = time.perf_counter()
+        m = self.manifest_for(w, self._flat_entry(w))
         m.last_run = {k: v for k, v in self.report.as_dict().items() if k not in ("totals", "index")}
         m.last_run.update(at=now(), partial=True)
         w.commit(m, merge="none", rolled=True)
+        self.rolls += 1
         if self.cache is not None:  # its files are published: a run resumed after this one skips them
             self.cache.forget()
         log.info("published %d chunks so far as a segment (%.1f s)", m.counts["chunks"], time.perf_counter() - t0)
@@ -411,7 +420,9 @@ class _Run:
         writer = self.writer
         if new_head is not None and self.base is None:  # a new index: its documents are known now
             _check_head_corpus(new_head, writer, self.force)
-        index_entry = finalize_vectors(writer, self.encoder.out_dim, self.vs, self.base)
+        # a run that published segments as it went merges them with this one: its vector index
+        # is built once, by that merge (not first for this segment alone)
+        index_entry = self._flat_entry(writer) if self.rolls else finalize_vectors(writer, self.encoder.out_dim, self.vs, self.base)
         counts = writer.docs.counts()
         manifest = self.manifest_for(writer, index_entry)
         self.report.totals = counts
@@ -510,7 +521,7 @@ def _add_files(up, files, stored, seen, root, report, progress, checksum, roll, 
     bar = progress_bar(sum(f.size for f in files), "indexing", "B", progress, unit_scale=True)
     trusted = {str(f.path) for f in files if _trusted(stored.get(str(f.path)), f, checksum)}
     up.read_ahead([f for f in files if str(f.path) not in trusted], stored)
-    for f in files:
+    for at, f in enumerate(files):
         key = str(f.path)
         seen.add(key)
         old = stored.get(key)
@@ -520,7 +531,8 @@ def _add_files(up, files, stored, seen, root, report, progress, checksum, roll, 
             continue
         if not up.add_file(f, old, bar):
             continue
-        if roll is not None and up.written + len(up.pending) >= segment_chunks:
+        if roll is not None and up.written + len(up.pending) >= segment_chunks and at < len(files) - 1:
+            # (after the last file the run's end publishes, and merges, what is written)
             up.flush(wait=True)  # a file's chunks and its record stay in one segment: publish between files
             up.rolled(roll(up.writer))
     up.flush(wait=True)

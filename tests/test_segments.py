@@ -314,6 +314,38 @@ def test_a_long_run_publishes_segments_and_ends_as_one(tmp_path, fake_encoder):
     assert_same_index(tmp_path / "once", tmp_path / "rolled")
 
 
+def test_a_long_run_trains_its_vector_index_once_and_publishes_nothing_after_its_last_file(tmp_path, fake_encoder, monkeypatch):
+    """A run that publishes segments as it goes merges them at its end: the approximate index is
+    trained once, by that merge (not first for the run's last segment alone), and no segment is
+    published after the last file only to be merged at once."""
+    from semsearch.indexing import VectorSettings
+    from semsearch.store.vectors import VectorIndex
+    from test_engines import assert_same_index
+
+    src = tmp_path / "c"
+    src.mkdir()
+    for i in range(30):
+        (src / f"f{i:02d}.txt").write_text(_text(random.Random(200 + i), 400) + "\n")
+    ivf = VectorSettings(index_type="ivf")
+    index_corpus(src, tmp_path / "once", fake_encoder, progress=False, segment_chunks=None, vectors=ivf)
+    trained, commits = [], []
+    real_train, real_save = VectorIndex.train, Manifest.save
+    monkeypatch.setattr(VectorIndex, "train", lambda self, *a, **kw: (trained.append(self.kind), real_train(self, *a, **kw))[1])
+    monkeypatch.setattr(Manifest, "save", lambda self, folder: (commits.append(len(self.segments)), real_save(self, folder))[1])
+    chunks = Manifest.load(tmp_path / "once").counts["chunks"]
+    per = chunks // 3 + 1  # three segments' worth: two published as it goes, the rest at its end
+    index_corpus(src, tmp_path / "rolled", fake_encoder, progress=False, segment_chunks=per, vectors=ivf)
+    m = Manifest.load(tmp_path / "rolled")
+    assert len(m.segments) == 1 and m.segments[0]["index"]["type"] == "ivf" and chunks >= 3 * 50
+    assert trained == ["ivf"]  # by the final merge only
+    assert len(commits) == 3  # two segments published as it went, then the whole
+    assert_same_index(tmp_path / "once", tmp_path / "rolled")
+    commits.clear()
+    index_corpus(src, tmp_path / "each", fake_encoder, progress=False, segment_chunks=1, vectors=ivf)
+    assert len(commits) == 30  # a segment after every file but the last, then the whole
+    assert_same_index(tmp_path / "once", tmp_path / "each")
+
+
 ROLL_KILL = textwrap.dedent("""
     import os, signal, sys
     sys.path.insert(0, {tests!r})
