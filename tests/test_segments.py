@@ -346,6 +346,30 @@ def test_a_long_run_trains_its_vector_index_once_and_publishes_nothing_after_its
     assert_same_index(tmp_path / "once", tmp_path / "each")
 
 
+def test_a_run_that_published_one_segment_and_found_the_rest_unchanged_indexes_it(tmp_path, fake_encoder):
+    """An update whose changed file fills a published segment, the files after it unchanged: the
+    run ends with that one segment, published flat; it is rewritten with the index type its size
+    asks for (here the forced ivf), not left to be searched exactly."""
+    from semsearch.indexing import VectorSettings
+
+    src = tmp_path / "c"
+    src.mkdir()
+    for i in range(3):
+        (src / f"f{i}.txt").write_text(_text(random.Random(300 + i), 600) + "\n")
+    ivf = VectorSettings(index_type="ivf")
+    folder = tmp_path / "idx"
+    index_corpus(src, folder, fake_encoder, progress=False, vectors=ivf)
+    (src / "f0.txt").write_text(_text(random.Random(400), 600) + "\n")  # changed; f1, f2 not
+    rep = index_corpus(src, folder, fake_encoder, progress=False, segment_chunks=10, vectors=ivf)
+    assert rep.updated == 1 and rep.unchanged == 2
+    m = Manifest.load(folder)
+    new = max(m.segments, key=lambda e: e["id"])
+    assert new["live"] >= 50 and new["index"]["type"] == "ivf" and not new.get("rolled"), new
+    assert not verify(folder)
+    r = Retriever.load(folder, encoder=fake_encoder)
+    assert len(r) == m.counts["chunks"] and r.search(_text(random.Random(400), 6), 3, mode="dense")
+
+
 ROLL_KILL = textwrap.dedent("""
     import os, signal, sys
     sys.path.insert(0, {tests!r})

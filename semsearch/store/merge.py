@@ -96,7 +96,9 @@ def apply(folder: Path, entries: list[dict], dim: int, manifest, next_segment: i
     """The entries after the merges the policy asks for (each merged segment written and
     fsynced); gives back (entries, next free segment id). `tail`: first merge the last `tail`
     entries into one (the segments a long run published as it went)."""
-    if tail > 1 and not everything:
+    if (tail > 1 or (tail == 1 and _outgrew_flat(entries[-1], manifest, dim))) and not everything:
+        # (one published segment alone: a run that published one, then found the rest unchanged;
+        # published flat, it is rewritten with the index its size asks for)
         merged = merge(Path(folder), entries[-tail:], next_segment, dim, manifest)
         log.info("merged the run's %d segments into segment %d (%d chunks)", tail, next_segment, merged["live"])
         entries, next_segment = entries[:-tail] + [merged], next_segment + 1
@@ -120,6 +122,18 @@ def apply(folder: Path, entries: list[dict], dim: int, manifest, next_segment: i
         at = b
     out += entries[at:]
     return [e for e in out if e["live"] > 0 or e["files"] > 0], next_segment
+
+
+def _requested(manifest) -> str:
+    """The vector index type a merged segment is built as: the one the user forced, else auto."""
+    index = (getattr(manifest, "index", None) or {})
+    return index.get("requested", index.get("type", "auto")) if index.get("forced") else "auto"
+
+
+def _outgrew_flat(entry: dict, manifest, dim: int) -> bool:
+    """Whether a segment a long run published as it went (flat) is one its size wants indexed."""
+    return bool(entry.get("rolled")) and (entry.get("index") or {}).get("type", "flat") == "flat" and \
+        segment_type(_requested(manifest), int(entry.get("live", 0)), dim) != "flat"
 
 
 def copy_live(dst: sqlite3.Connection, src: Path, dead: Tombstones, terms: bool = True) -> None:
@@ -170,7 +184,7 @@ def merge(folder: Path, group: list[dict], seg_id: int, dim: int, manifest) -> d
         index = (manifest.index or {})
         vecs = merge_vectors(folder, group, vecfile.file_name(seg_id), dim, deads, index.get("storage"))
         steps.done("vectors copied")
-        requested = index.get("requested", index.get("type", "auto")) if index.get("forced") else "auto"
+        requested = _requested(manifest)
         target = (index.get("recall") or {}).get("target", 0.95)
         vi, entry = build_vectors(vecs, dim, requested, counts["chunks"], target, params=index.get("params"))
         steps.done("vector index built and tuned")
