@@ -370,8 +370,6 @@ class _Run:
     def roll(self, w: IndexWriter) -> IndexWriter:
         """Publish w's new segment as it is (flat: the run's segments are merged, and indexed as
         their size asks, at its end) and go on with a new writer."""
-        from semsearch.store.merge import build_vectors
-
         t0 = time.perf_counter()
         m = self.manifest_for(w, self._flat_entry(w))
         m.last_run = {k: v for k, v in self.report.as_dict().items() if k not in ("totals", "index")}

@@ -163,7 +163,7 @@ class Encoder:
             enc = self.st.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True, verbose=False)
             return [tuple(o) for o in enc["offset_mapping"]]
         if self._chunk_tokenizer is None:
-            self._chunk_tokenizer = ChunkOffsets(self.tokenizer.to_str())
+            self._chunk_tokenizer = self.chunk_offsets()
         return self._chunk_tokenizer(text)
 
     def chunk_offsets(self) -> "ChunkOffsets | None":
