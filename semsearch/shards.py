@@ -292,19 +292,18 @@ class ShardedSearch:
         from semsearch.store.lexical import MAX_TERMS, terms
 
         hashes = [np.array(list(dict.fromkeys(terms(q)))[:MAX_TERMS], np.int64) for q in queries]
-        prep = self._prepared(gen, hashes, where)
+        prep, df, counts = self._prepared(gen, hashes, where)
         mode = fusion_.check_mode(mode or ("hybrid" if prep.has_lexical else "dense"))
         if mode != "dense" and not prep.has_lexical:
             raise InputError(f"{self.folder} was built before lexical search; use mode dense")
         # chunks the filter lets through, per shard (None: no filter; a shard that holds no
         # segment says None under a filter too, and lets nothing through)
-        counts = prep.allowed[_where_key(where)]
         filtered = any(c is not None for c in counts)
         allowed = sum(c or 0 for c in counts)
         if filtered and not allowed:
             return [[] for _ in queries]
         exact = filtered and allowed <= EXACT_BELOW
-        stats = [{"n": prep.n, "total": prep.total, "df": {int(h): prep.df[int(h)] for h in hs}} for hs in hashes]
+        stats = [{"n": prep.n, "total": prep.total, "df": {int(h): df[int(h)] for h in hs}} for hs in hashes]
         qv = None if mode == "lexical" else encode_queries(self.encoder, queries)
         depth = k if mode != "hybrid" else max(k, fusion_.DEPTH)
         parts = self.fanout("candidates", gen, qv, None if mode == "dense" else hashes, depth, where, exact,
@@ -325,18 +324,23 @@ class ShardedSearch:
             self._explain(gen, queries, qv, hits, mode, fusion, alpha, pools, stats)
         return hits
 
-    def _prepared(self, gen: int, hashes: list[np.ndarray], where: Any) -> "_Prepared":
-        """The whole index's BM25 statistics for the queries' terms and the filter's count per
-        shard, at generation gen: kept per generation, so the `prepare` round is asked only for
-        terms and filters this router has not met at gen (a search of known terms is two rounds)."""
+    def _prepared(self, gen: int, hashes: list[np.ndarray], where: Any) -> tuple["_Prepared", dict[int, int], list]:
+        """The whole index's BM25 statistics at generation gen: (its counts, the document
+        frequency of each of the queries' terms, the filter's count per shard). Kept per
+        generation, so the `prepare` round is asked only for terms and filters this router has
+        not met at gen (a search of known terms is two rounds). What a search gets is copied out
+        under the lock: another search may clear the kept ones (past their bounds) meanwhile."""
         key = _where_key(where)
+        mine = {int(h) for hs in hashes for h in hs}
         with self._lock:
             got = self._prep.get(gen)
-            want = sorted({int(h) for hs in hashes for h in hs} - (set(got.df) if got is not None else set()))
+            known = {h: got.df[h] for h in mine if h in got.df} if got is not None else {}
+            want = sorted(mine - set(known))
             if got is not None and not want and key in got.allowed:
-                return got
-        ask = np.array(want, np.int64)
-        parts = self.fanout("prepare", gen, [ask], where)
+                return got, known, got.allowed[key]
+        parts = self.fanout("prepare", gen, [np.array(want, np.int64)], where)
+        asked = {h: int(sum(int(p["df"][0][t]) for p in parts)) for t, h in enumerate(want)}
+        counts = [p["allowed"] for p in parts]
         with self._lock:
             got = self._prep.get(gen)
             if got is None:
@@ -347,9 +351,9 @@ class ShardedSearch:
             if len(got.df) > _PREP_TERMS or len(got.allowed) > _PREP_FILTERS:
                 got.df.clear()
                 got.allowed.clear()
-            got.df.update((h, int(sum(int(p["df"][0][t]) for p in parts))) for t, h in enumerate(want))
-            got.allowed[key] = [p["allowed"] for p in parts]
-            return got
+            got.df.update(asked)
+            got.allowed[key] = counts
+            return got, {**known, **asked}, counts
 
     def _explain(self, gen, queries, qv, hits, mode, fusion, alpha, pools, stats) -> None:
         """Each hit's explanation, as one process gives it: the BM25 parts from the shards that hold

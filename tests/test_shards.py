@@ -321,3 +321,72 @@ def assert_same_up_to_ties(a, b, what):
         if end < len(a):  # (the last run may go on past k)
             assert {i for i, _ in a[at:end]} == {i for i, _ in b[at:end]}, (what, a, b)
         at = end
+
+
+def test_a_router_from_many_threads_and_asyncio_while_a_writer_writes(tmp_path, small_corpus, monkeypatch):
+    """ShardedSearch from 8 threads and an asyncio loop at once, while a writer upserts (new
+    generations), with the router's kept statistics so small that searches clear them under each
+    other: no error, and each answer is one process's at the generation it names."""
+    import asyncio
+    import threading
+    import time
+
+    import semsearch.shards as shards_mod
+
+    monkeypatch.setattr(shards_mod, "_PREP_TERMS", 3)
+    monkeypatch.setattr(shards_mod, "_PREP_FILTERS", 1)
+    enc = FakeEncoder()
+    folder = tmp_path / "idx"
+    index_corpus(small_corpus, folder, enc, progress=False)
+    router = ShardedSearch(folder, local_fanout([Shard(folder, i, 2) for i in range(2)]), enc)
+    queries = ["loan credit score", "lentils onion cumin", "meteor comet debris", "mortgage rates", "soup bank"]
+    wheres = [None, "path:*.txt", "path:*.md", {"n": {">=": 0}}]
+    answers, errors = [], []
+    stop = threading.Event()
+
+    def one(i: int):
+        q, w, mode = queries[i % 5], wheres[i % 4], ("dense", "lexical", "hybrid")[i % 3]
+        gen, hits = router.search_at([q], 3, mode, w)
+        answers.append((gen, q, w, mode, key(hits[0])))
+
+    def worker(t: int):
+        i = t
+        while not stop.is_set():
+            try:
+                one(i)
+            except Exception as e:  # noqa: BLE001 - collected, asserted empty below
+                errors.append(repr(e))
+            i += 7
+
+    async def loop():
+        i = 3
+        while not stop.is_set():
+            try:
+                await asyncio.to_thread(one, i)
+            except Exception as e:  # noqa: BLE001
+                errors.append(repr(e))
+            i += 5
+            await asyncio.sleep(0)
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(8)]
+    threads.append(threading.Thread(target=lambda: asyncio.run(loop())))
+    for t in threads:
+        t.start()
+    try:
+        for j in range(4):  # the writer: each upsert a new generation
+            upsert_documents(folder, [Document(f"w{j}", f"loan credit note {j} about mortgage rates", {"n": j})], enc)
+            time.sleep(0.2)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(120)
+    assert not errors, errors[:5]
+    assert len(answers) > 50 and len({g for g, *_ in answers}) >= 2
+    # every answer is one process's at its generation (the last one checked again now)
+    last = max(g for g, *_ in answers)
+    one_process = Retriever.load(folder, encoder=enc)
+    assert one_process.manifest.generation == last
+    checked = [a for a in answers if a[0] == last]
+    for gen, q, w, mode, got in checked:
+        assert_same_up_to_ties(key(one_process.search(q, 3, mode=mode, where=w)), got, (q, w, mode))
+    assert checked
