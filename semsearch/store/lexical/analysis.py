@@ -141,23 +141,23 @@ _LITTLE = sys.byteorder == "little"
 _KEEP = np.array([(1 << (8 * i)) - 1 for i in range(9)], np.uint64)  # the low i bytes of a uint64 (little-endian)
 
 
-def _ascii_codes(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """(code of each word, the text it is in) for ASCII texts: their words found in one numpy
-    pass over the batch's bytes, as _words splits them (runs of bytes that _ASCII_WORDS keeps)."""
-    lengths = np.fromiter(map(len, texts), np.int64, len(texts))
-    buf = np.frombuffer(" ".join(texts).encode("ascii").translate(_ASCII_WORDS), np.uint8)
-    word = np.empty(len(buf) + 2, np.int8)
-    word[0] = word[-1] = 0
-    word[1:-1] = buf != 32
-    edges = np.flatnonzero(np.diff(word))
-    starts, ends = edges[0::2], edges[1::2]
-    doc = np.searchsorted(np.cumsum(lengths + 1), starts, side="right")
-    size = ends - starts
-    codes = np.empty(len(starts), np.int64)
-    short = np.flatnonzero(size <= _PACK)
+def _distinct_codes(words) -> np.ndarray:
+    """The code of each of a batch's distinct words (an Arrow large_string array, no nulls; the
+    empty word, which splitting leaves at a text's ends, is a stop word): words up to 16 bytes
+    from _TABLE, all at once in numpy over the array's own buffers, longer ones from _CODES."""
+    n = len(words)
+    codes = np.empty(n, np.int64)
+    if n == 0:
+        return codes
+    offs = np.frombuffer(words.buffers()[1], np.int64)[words.offset: words.offset + n + 1]
+    buf = np.frombuffer(words.buffers()[2], np.uint8) if words.buffers()[2] is not None else np.zeros(0, np.uint8)
+    starts, size = offs[:-1], np.diff(offs)
+    codes[size == 0] = _STOP
+    pack = _PACK if _LITTLE else 0  # (_KEEP's masks are little-endian)
+    short = np.flatnonzero((size > 0) & (size <= pack))
     if len(short):
         s0, n0 = starts[short], size[short]
-        # each word's first 16 bytes (rows of a view of every 16-byte window of the batch), then
+        # each word's first 16 bytes (rows of a view of every 16-byte window of the buffer), then
         # the bytes past its end zeroed: (k, 2) uint64 that hold the word exactly
         padded = np.concatenate([buf, np.zeros(_PACK, np.uint8)])
         windows = np.lib.stride_tricks.as_strided(padded, (len(buf), _PACK), (1, 1), writeable=False)
@@ -165,23 +165,22 @@ def _ascii_codes(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         packed[:, 0] &= _KEEP[np.minimum(n0, 8)]
         packed[:, 1] &= _KEEP[np.maximum(n0 - 8, 0)]
         key = packed[:, 0] * _MIX[0] ^ packed[:, 1] * _MIX[1]
-        ukey, first, inverse = np.unique(key, return_index=True, return_inverse=True)
-        if (packed != packed[first][inverse.reshape(-1)]).any():  # two words of this batch share a key (rare): one by one
+        order = np.argsort(key)  # sorted keys: the table's binary searches then narrow from the last one
+        key = key[order]
+        if len(key) > 1 and (key[1:] == key[:-1]).any():  # two distinct words share a key (rare): one by one
             codes[short] = _py_codes(_spans(buf, s0, s0 + n0))
         else:
-            fs, fe = s0[first], s0[first] + n0[first]
-            raw = buf.tobytes()
-            ucodes = _TABLE.codes_of(ukey, packed[first], lambda i: raw[fs[i]:fe[i]].decode("ascii"))
-            codes[short] = ucodes[inverse.reshape(-1)]
-    long_ = np.flatnonzero(size > _PACK)
+            raw, s0, n0 = buf.tobytes(), s0[order], n0[order]
+            codes[short[order]] = _TABLE.codes_of(key, packed[order], lambda i: raw[s0[i]:s0[i] + n0[i]].decode("utf-8"))
+    long_ = np.flatnonzero(size > pack)
     if len(long_):
-        codes[long_] = _py_codes(_spans(buf, starts[long_], ends[long_]))
-    return codes, doc
+        codes[long_] = _py_codes(_spans(buf, starts[long_], starts[long_] + size[long_]))
+    return codes
 
 
 def _spans(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> list[str]:
     raw = buf.tobytes()
-    return [raw[a:b].decode("ascii") for a, b in zip(starts.tolist(), ends.tolist())]
+    return [raw[a:b].decode("utf-8") for a, b in zip(starts.tolist(), ends.tolist())]
 
 
 def _py_codes(words: list[str]) -> list[int]:
@@ -193,42 +192,53 @@ def _py_codes(words: list[str]) -> list[int]:
 
 
 def encode_terms_many(texts: list[str]) -> list[tuple[bytes, int]]:
-    """encode_terms of each text, for a batch: the words of its ASCII texts found and looked up
-    with numpy over the whole batch (_ascii_codes, _WordTable), other texts' words in Python (one
-    dict look-up a word), and the counting, sorting and merging of stems once over the whole batch
-    in numpy instead of a few numpy calls per text (tests/test_posting_file.py checks that both
-    give the same bytes)."""
+    """encode_terms of each text, for a build's batch (tests/test_posting_file.py checks that both
+    give the same bytes). The batch's words are split and made distinct in Arrow's C++ kernels
+    (ASCII texts after one translate, as _words splits them; other texts' words from _words),
+    each distinct word is coded once (_distinct_codes), and the counting and sorting of each
+    text's stems runs once over the whole batch in numpy. Why Arrow: splitting and a hash table
+    of 400k words in C++ took a third of the time of the numpy sort it replaces (a build spent
+    ~125 us a chunk of 200 words here, its largest cost after the model; docs/benchmarks.md)."""
     if not texts:
         return []
-    is_ascii = [_LITTLE and t.isascii() for t in texts]  # (_KEEP's masks are little-endian)
-    ascii_ = [i for i, a in enumerate(is_ascii) if a]
-    other = [i for i, a in enumerate(is_ascii) if not a]
-    hs, docs = [], []
+    import pyarrow as pa  # (imported here: a build's, not a query's, import time)
+    import pyarrow.compute as pc
+
+    ascii_ = [i for i, t in enumerate(texts) if t.isascii()]
+    other = [i for i, t in enumerate(texts) if not t.isascii()] if len(ascii_) < len(texts) else []
+    words, docs = [], []
     if ascii_:
-        h, doc = _ascii_codes([texts[i] for i in ascii_])
-        hs.append(h)
-        docs.append(np.asarray(ascii_, np.int64)[doc])
+        sel = texts if not other else [texts[i] for i in ascii_]
+        buf = "".join(sel).encode("ascii").translate(_ASCII_WORDS)
+        offsets = np.zeros(len(sel) + 1, np.int64)
+        np.cumsum(np.fromiter(map(len, sel), np.int64, len(sel)), out=offsets[1:])
+        split = pc.ascii_split_whitespace(pa.LargeStringArray.from_buffers(len(sel), pa.py_buffer(offsets), pa.py_buffer(buf)))
+        words.append(split.flatten())
+        parent = pc.list_parent_indices(split).to_numpy()
+        docs.append(parent if not other else np.asarray(ascii_, np.int64)[parent])
     if other:
-        words = [_words(texts[i]) for i in other]
-        hs.append(np.array(_py_codes([w for ws in words for w in ws]), np.int64))
-        docs.append(np.repeat(np.asarray(other, np.int64), np.fromiter(map(len, words), np.int64, len(words))))
-    h, doc = np.concatenate(hs), np.concatenate(docs)
-    keep = h != _STOP
-    h, doc = h[keep], doc[keep]
-    order = np.lexsort((h, doc))
-    h, doc = h[order], doc[order]
-    new = np.ones(len(h), bool)
-    new[1:] = (h[1:] != h[:-1]) | (doc[1:] != doc[:-1])
+        found = [_words(texts[i]) for i in other]
+        words.append(pa.array([w for ws in found for w in ws], pa.large_string()))
+        docs.append(np.repeat(np.asarray(other, np.int64), np.fromiter(map(len, found), np.int64, len(found))))
+    encoded = pc.dictionary_encode(pa.concat_arrays(words) if len(words) > 1 else words[0])
+    word = encoded.indices.to_numpy()
+    doc = np.concatenate(docs).astype(np.int64, copy=False)
+    stems, stem_of = np.unique(_distinct_codes(encoded.dictionary), return_inverse=True)  # words of one stem: one code
+    stem = stem_of.reshape(-1)[word]
+    keep = stems[stem] != _STOP
+    doc, stem = doc[keep], stem[keep]
+    key = np.sort(doc * max(len(stems), 1) + stem)  # by text, then by stem hash (stems is sorted)
+    new = np.ones(len(key), bool)
+    new[1:] = key[1:] != key[:-1]
     starts = np.flatnonzero(new)
-    tf = np.diff(np.r_[starts, len(h)]).astype(np.int32)
-    uh, udoc = h[starts], doc[starts]
-    bounds = np.searchsorted(udoc, np.arange(len(texts) + 1))
+    tf = np.diff(np.r_[starts, len(key)]).astype(np.int32)
+    first = key[starts]
+    uh = stems[first % max(len(stems), 1)]
+    bounds = np.searchsorted(first // max(len(stems), 1), np.arange(len(texts) + 1))
     hb, tb = uh.tobytes(), tf.tobytes()
     totals = np.bincount(doc, minlength=len(texts))
-    out = []
-    for i, (a, b) in enumerate(zip(bounds[:-1].tolist(), bounds[1:].tolist())):
-        out.append((hb[8 * a : 8 * b] + tb[4 * a : 4 * b], int(totals[i])))
-    return out
+    return [(hb[8 * a : 8 * b] + tb[4 * a : 4 * b], int(totals[i]))
+            for i, (a, b) in enumerate(zip(bounds[:-1].tolist(), bounds[1:].tolist()))]
 
 
 def decode_terms(blob: bytes) -> tuple[np.ndarray, np.ndarray]:
