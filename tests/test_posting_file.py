@@ -289,3 +289,21 @@ def test_batch_analysis_is_exact_when_word_keys_collide(monkeypatch):
     monkeypatch.setattr(analysis, "_TABLE", analysis._WordTable())
     assert lexical.encode_terms_many(["loans loans loan"]) == [lexical.encode_terms("loans loans loan")]  # one word, one key
     assert lexical.encode_terms_many(["approval", "day"]) == [lexical.encode_terms("approval"), lexical.encode_terms("day")]
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 5000])
+def test_postings_put_term_by_term_as_a_stable_sort_would(n):
+    """from_rows' ordering (pandas ranks the terms, one sort of (rank, position) keys) gives the
+    terms, their offsets and the order that a stable argsort of the hashes gives, extremes of
+    int64 and repeated terms included."""
+    from semsearch.store.lexical.postings import _by_term
+
+    rng = np.random.default_rng(n)
+    pool = np.array([np.iinfo(np.int64).min, -1, 0, 1, np.iinfo(np.int64).max, 2**62, -(2**61)], np.int64)
+    h = pool[rng.integers(0, len(pool), n)]
+    vocab, indptr, order = _by_term(h)
+    want = np.argsort(h, kind="stable")
+    terms, starts = np.unique(h[want], return_index=True)
+    assert np.array_equal(order, want)
+    assert np.array_equal(vocab, terms) and vocab.dtype == np.int64
+    assert np.array_equal(indptr, np.append(starts, n))

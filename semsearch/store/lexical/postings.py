@@ -17,6 +17,29 @@ from semsearch.store.lexical.analysis import ANALYZER, decode_terms, encode_term
 BLOCK = 128  # postings per block of the pruning bounds (Lucene's block size)
 
 
+def _by_term(h: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(the distinct terms, sorted; each one's offsets into the postings; the order that puts the
+    postings term by term, each term's in their given order) of the term hashes h. A stable
+    argsort of h does the same, ~3x slower: 36M postings (a 250k-chunk segment) took 7.4-8.9 s
+    of a build's ~15 s to publish one. Here pandas' hash table ranks the terms and one sort of
+    int64 keys (rank, position), which numpy sorts with SIMD, gives the order."""
+    n = len(h)
+    if n == 0 or n >= 1 << 32:
+        order = np.argsort(h, kind="stable")
+        vocab, starts = np.unique(h[order], return_index=True)
+        return vocab, np.append(starts, n).astype(np.int64), order
+    import pandas as pd
+
+    rank, vocab = pd.factorize(h, sort=True)  # rank: each posting's term's place among the sorted terms
+    indptr = np.zeros(len(vocab) + 1, np.int64)
+    np.cumsum(np.bincount(rank, minlength=len(vocab)), out=indptr[1:])
+    key = rank.astype(np.int64) << 32
+    key |= np.arange(n, dtype=np.int64)
+    key.sort()
+    key &= 0xFFFFFFFF
+    return np.asarray(vocab, np.int64), indptr, key
+
+
 class Postings:
     """One set of rows' posting arrays by term (a segment's, or a whole evaluation corpus's):
     `ids` (n,) the row ids (chunk ids, or document positions in evaluation), sorted; `vocab`
@@ -83,11 +106,8 @@ class Postings:
         h = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, np.int64)
         tf = np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, np.int32)
         rows = np.repeat(np.arange(len(ids), dtype=np.int32), [len(p[0]) for p in parts])
-        order = np.argsort(h, kind="stable")
-        h, tf, rows = h[order], tf[order], rows[order]
-        vocab, starts = np.unique(h, return_index=True)
-        indptr = np.append(starts, len(h)).astype(np.int64)
-        return cls(ids, np.asarray(lengths, np.float32), vocab, indptr, rows, tf)
+        vocab, indptr, order = _by_term(h)
+        return cls(ids, np.asarray(lengths, np.float32), vocab, indptr, rows[order], tf[order])
 
     def check(self) -> "Postings":
         """Stored arrays that agree with each other (damage inside a blob would otherwise surface
