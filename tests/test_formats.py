@@ -165,6 +165,23 @@ def test_pdf_with_zero_pages_is_a_clear_error(tmp_path):
         extract(p)
 
 
+def test_a_damaged_pdf_after_an_encrypted_one_is_still_damaged(tmp_path):
+    """PDFium keeps its last error across files: a zero-page or damaged PDF read after an
+    encrypted one was reported as "encrypted PDF: needs a password" (found in CI, where the
+    two tests met in one worker). The file's own bytes decide now."""
+    pypdf = pytest.importorskip("pypdf")
+    w = pypdf.PdfWriter(clone_from=str(make_pdf(tmp_path / "plain.pdf", report_pages(1))))
+    w.encrypt("secret", algorithm="RC4-128")
+    w.write(tmp_path / "locked.pdf")
+    make_pdf(tmp_path / "empty.pdf", [])
+    (tmp_path / "bad.pdf").write_bytes(b"%PDF-1.4\n1 0 obj\n<< /Type /Catalog")
+    for name, why in (("empty.pdf", "(PDF has no pages|damaged PDF)"), ("bad.pdf", "damaged PDF")):
+        with pytest.raises(CorpusError, match=r"locked\.pdf: encrypted PDF: needs a password"):
+            extract(tmp_path / "locked.pdf")
+        with pytest.raises(CorpusError, match=rf"{name.replace('.', '[.]')}: {why}"):
+            extract(tmp_path / name)
+
+
 def test_pdf_of_1000_pages_streams_in_flat_memory(tmp_path, fake_encoder):
     """The extracted text (over 2 MB) is read with under half of it held at once (traced peak
     after a warm-up: ~0.3 MB, whatever the page count; tracemalloc makes the run 4x slower, so

@@ -263,6 +263,20 @@ def _heading_level(style: str) -> int:
 
 # ---- PDF ----------------------------------------------------------------------------------
 
+def _names_encryption(path: Path) -> bool:
+    """Whether the file's bytes hold an /Encrypt entry, as an encrypted PDF's trailer or
+    cross-reference stream does (both uncompressed). PDFium's last error is process-wide and some
+    failed loads leave it as it was: a damaged PDF read after an encrypted one reported the
+    password error again (tests/test_formats.py)."""
+    import mmap
+
+    try:
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            return m.find(b"/Encrypt") >= 0
+    except (OSError, ValueError):  # (an empty file cannot be mapped)
+        return False
+
+
 def _pdf(path: Path, on_bytes: Callable[[int], None] | None) -> Extracted:
     import pypdfium2 as pdfium
 
@@ -271,7 +285,9 @@ def _pdf(path: Path, on_bytes: Callable[[int], None] | None) -> Extracted:
     except pdfium.PdfiumError as e:
         msg = str(e)
         if "password" in msg.lower():
-            raise CorpusError(f"{path}: encrypted PDF: needs a password") from e
+            if _names_encryption(path):
+                raise CorpusError(f"{path}: encrypted PDF: needs a password") from e
+            msg = "PDFium could not load it"  # its password error, left over from another file
         raise CorpusError(f"{path}: damaged PDF ({msg})") from e
     n = len(pdf)
     if n == 0:
