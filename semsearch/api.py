@@ -57,12 +57,14 @@ def index(
     workers: int | None = None,
     force: bool = False,
     progress: bool | None = None,
+    shards: int | None = None,
 ):
     """Index the files under `corpus` (a folder or one file) into the index folder `index`
     (default: $SEMSEARCH_INDEX, else ./indexes/default); an existing index is updated: only new
     or changed files are embedded, deleted ones removed. A `head` trained on another corpus is
     refused (HeadCorpusMismatch) unless `force`. `vector_storage`: "fp16" stores the full vectors
-    at half the size (default: the index's; "fp32" for a new one). Gives back the IndexReport.
+    at half the size (default: the index's; "fp32" for a new one). `shards`: a new index partitioned
+    by document into this many (`serve --shards N`: one each). Gives back the IndexReport.
 
     >>> semsearch.index("data/sample", "indexes/doc-example", include=["*.md"], rebuild=True, progress=False).added > 0
     True
@@ -86,7 +88,8 @@ def index(
     vs = VectorSettings(index_type=index_type, target_recall=target_recall, max_bytes_per_vector=max_bytes_per_vector, device=device,
                         storage=vector_storage)
     return index_corpus(corpus, folder, enc, chunking, ReadOptions(text_column, skip_errors), rebuild, progress,
-                        keep_states=keep_states, vectors=vs, checksum=checksum, found=found, engine=runner, force=force)
+                        keep_states=keep_states, vectors=vs, checksum=checksum, found=found, engine=runner, force=force,
+                        shards=shards)
 
 
 # ---- evaluate ------------------------------------------------------------------------------------

@@ -124,11 +124,14 @@ def main(verbose: bool) -> None:
               help="Where files are read, chunked and encoded: this process, or a Ray cluster (pip install 'semsearch[ray]').")
 @click.option("--ray-address", default=None, envvar="RAY_ADDRESS", help="Ray cluster to use with --engine ray. Default: a new local cluster.")
 @click.option("--workers", type=click.IntRange(min=1), default=None, help="Encoder replicas with --engine ray. Default: one a GPU, else CPUs - 1.")
+@click.option("--shards", type=click.IntRange(min=1), default=None,
+              help="Partition a new index by document into N (each document's chunks in one partition, by a stable hash of its path or id), so that `serve --shards N` gives each shard 1/N of it. Default: the index's, else 1; `compact --shards N` re-partitions.")
 @click.option("--progress/--no-progress", default=None, help="Progress bar. Default: shown on a terminal.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @handle_errors
 def index(corpus, index, model, pooling, head, device, precision, chunk_tokens, overlap, text_column, skip_errors, checksum, include, exclude,
-          rebuild, force, keep_states, index_type, target_recall, vector_storage, max_bytes_per_vector, engine, ray_address, workers, progress, as_json):
+          rebuild, force, keep_states, index_type, target_recall, vector_storage, max_bytes_per_vector, engine, ray_address, workers, shards,
+          progress, as_json):
     """Index the files under CORPUS (a folder or one file) into an index folder.
 
     Reads .txt .md .rst .csv .tsv .jsonl .json .parquet, and .pdf (text layer) .html .htm .docx,
@@ -146,7 +149,7 @@ def index(corpus, index, model, pooling, head, device, precision, chunk_tokens, 
                        skip_errors=skip_errors, checksum=checksum, include=include, exclude=exclude, rebuild=rebuild,
                        keep_states=keep_states, index_type=index_type, target_recall=target_recall,
                        max_bytes_per_vector=max_bytes_per_vector, vector_storage=vector_storage, engine=engine, ray_address=ray_address, workers=workers,
-                       force=force, progress=progress)
+                       force=force, progress=progress, shards=shards)
     if as_json:
         click.echo(json.dumps(report.as_dict(), indent=2))
     else:
@@ -317,9 +320,11 @@ def info(index, as_json, verify):
 
 @main.command()
 @index_option
+@click.option("--shards", type=click.IntRange(min=1), default=None,
+              help="Partition an index that is not partitioned by document into N, each partition then one segment (as `index --shards N` builds). Default: as it is.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @handle_errors
-def compact(index, as_json):
+def compact(index, shards, as_json):
     """Merge an index's segments into one, without its deleted chunks.
 
     Writes add small segments and record deletions beside them; a merge policy keeps their
@@ -333,11 +338,12 @@ def compact(index, as_json):
     from semsearch.store import index_path
     from semsearch.store.folder import compact as compact_index
 
-    out = compact_index(index_path(index))
+    out = compact_index(index_path(index), shards=shards)
     if as_json:
         click.echo(json.dumps(out))
     else:
-        click.echo(f"{out['segments_before']} segment(s) -> {out['segments']}; {out['chunks']} chunks "
+        parts = f" in {out['shards']} partitions" if out["shards"] > 1 else ""
+        click.echo(f"{out['segments_before']} segment(s) -> {out['segments']}{parts}; {out['chunks']} chunks "
                    f"({out['rows_before'] - out['chunks']} deleted dropped) in {out['seconds']:.2f} s")
 
 

@@ -270,6 +270,7 @@ def index_corpus(
     exclude=(),
     force: bool = False,
     segment_chunks: int | None = SEGMENT_CHUNKS,
+    shards: int | None = None,
 ) -> IndexReport:
     """Index (or incrementally update) `folder` from the files under `corpus`. `checksum` hashes
     every file instead of trusting unchanged size, times and inode; `found` is scan_corpus()'s; `engine` (from semsearch.engines.make_engine) reads, chunks
@@ -280,12 +281,13 @@ def index_corpus(
     `segment_chunks`: the local engine publishes what it has written as a segment (flat, searched
     exactly) each time it holds this many new chunks, between files, so that a long run that is
     interrupted resumes from there; the run's segments are merged into one at its end (None:
-    publish once, at the end)."""
+    publish once, at the end). `shards`: partitions by document (store/partition.py; None: the index's)."""
     t0 = time.perf_counter()
     corpus, folder = Path(corpus), Path(folder)
     read = read or ReadOptions()
     found = found or scan_corpus(corpus, include, exclude)
     base = load_base(folder, rebuild)
+    shards = check_shards(shards, base, folder)
     chunking, needs_repool = _settle_chunking(base, encoder, chunking, folder)
     keep_states = keep_states or bool(base and base.states)
 
@@ -297,7 +299,7 @@ def index_corpus(
         report.unchanged, report.totals = len(found.files), dict(base.counts)
         report.seconds = time.perf_counter() - t0
         return report
-    run = _Run(folder, encoder, chunking, keep_states, base, vectors, report, needs_repool, force)
+    run = _Run(folder, encoder, chunking, keep_states, base, vectors, report, needs_repool, force, shards)
     try:
         new_head = run.start()
         run.write(found.files, corpus.resolve(), read, progress, flush_chunks, checksum, engine, segment_chunks)
@@ -310,6 +312,21 @@ def index_corpus(
     if run.cache is not None:
         run.cache.drop()
     return report
+
+
+def check_shards(shards: int | None, base: Manifest | None, folder: Path) -> int:
+    """The number of partitions by document a run writes: `shards`, else the index's, else 1. A
+    different number for an existing index is refused: re-partitioning rewrites every segment,
+    which `semsearch compact --shards N` does on purpose."""
+    have = int(base.shards) if base is not None else None
+    if shards is None:
+        return have or 1
+    if shards < 1:
+        raise InputError(f"--shards must be at least 1, got {shards}")
+    if have is not None and shards != have:
+        raise InputError(f"{folder} is partitioned into {have} shard(s), not {shards}: `semsearch compact --index {folder} "
+                         f"--shards {shards}` re-partitions it (or index with --rebuild)")
+    return shards
 
 
 def _settle_chunking(base: Manifest | None, encoder, chunking: ChunkSettings | None,
@@ -331,8 +348,9 @@ class _Run:
     writer: roll)."""
 
     def __init__(self, folder: Path, encoder, chunking: ChunkSettings, keep_states: bool, base: Manifest | None,
-                 vectors: VectorSettings | None, report: IndexReport, needs_repool: bool, force: bool):
+                 vectors: VectorSettings | None, report: IndexReport, needs_repool: bool, force: bool, shards: int = 1):
         self.folder, self.encoder, self.chunking, self.keep_states = folder, encoder, chunking, keep_states
+        self.shards = shards
         self.base, self.vectors, self.vs = base, vectors, vectors or VectorSettings()
         self.report, self.needs_repool, self.force = report, needs_repool, force
         self.writer = IndexWriter(folder, encoder.out_dim, base)
@@ -349,7 +367,7 @@ class _Run:
             head=getattr(encoder, "head_info", None), counts=w.docs.counts(),
             states={"dtype": "float16", "dim": encoder.dim} if self.keep_states else None,
             model_files=weight_stats(encoder.folder) if getattr(encoder, "folder", None) else {},
-            created=base.created if base else "", index=entry,
+            created=base.created if base else "", index=entry, shards=self.shards,
         )
 
     def _flat_entry(self, w: IndexWriter) -> dict:
@@ -420,7 +438,9 @@ class _Run:
             _check_head_corpus(new_head, writer, self.force)
         # a run that published segments as it went merges them with this one: its vector index
         # is built once, by that merge (not first for this segment alone)
-        index_entry = self._flat_entry(writer) if self.rolls else finalize_vectors(writer, self.encoder.out_dim, self.vs, self.base)
+        # (so is a partitioned index's: its split builds each partition's)
+        index_entry = (self._flat_entry(writer) if self.rolls or self.shards > 1
+                       else finalize_vectors(writer, self.encoder.out_dim, self.vs, self.base))
         counts = writer.docs.counts()
         manifest = self.manifest_for(writer, index_entry)
         self.report.totals = counts

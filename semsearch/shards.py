@@ -57,16 +57,23 @@ class Stale(SemsearchError):
 
 
 def assign(segments: Sequence[dict[str, Any]], shards: int) -> list[list[int]]:
-    """Positions in `segments` owned by each of `shards` shards: the largest segments first, each to
-    the shard with the fewest live chunks so far (ties: the lower shard), each shard's in id order."""
+    """Positions in `segments` owned by each of `shards` shards. The unit is a partition by
+    document (all the segments of one `part`: store/partition.py), else a segment (an index
+    without partitions, or a write's segment not yet split): the largest units first, each to
+    the shard with the fewest live chunks so far (ties: the lower shard), each shard's in list
+    order. An index of N partitions served by N shards: one partition a shard."""
     if shards < 1:
         raise InputError(f"the number of shards must be at least 1, got {shards}")
+    units: dict[Any, list[int]] = {}
+    for pos, e in enumerate(segments):
+        units.setdefault(("part", e["part"]) if e.get("part") is not None else ("segment", pos), []).append(pos)
+    size = {k: sum(int(segments[i].get("live", 0)) for i in v) for k, v in units.items()}
     load = [0] * shards
     owned: list[list[int]] = [[] for _ in range(shards)]
-    for pos in sorted(range(len(segments)), key=lambda i: (-int(segments[i].get("live", 0)), i)):
+    for key in sorted(units, key=lambda k: (-size[k], units[k][0])):
         s = min(range(shards), key=lambda j: (load[j], j))
-        owned[s].append(pos)
-        load[s] += int(segments[pos].get("live", 0))
+        owned[s] += units[key]
+        load[s] += size[key]
     return [sorted(o) for o in owned]
 
 

@@ -197,6 +197,39 @@ def test_int8_attention_runs_without_the_padding_mask_and_gives_the_same_states(
     assert not np.array_equal(sessions[1].run(None, {"input_ids": x, "attention_mask": half})[0][:, :2], a[:, :2])
 
 
+def test_processes_that_start_together_export_the_int8_model_once(tmp_path, monkeypatch):
+    """The export is under a file lock (flock: it holds between threads' own open() calls as
+    between processes): of four callers at once with an empty cache one builds, the others wait
+    and find its file. A stand-in build that takes 0.3 s, so that all four meet at the lock."""
+    import threading
+    import time
+
+    from semsearch.encoder import onnx_backend
+
+    built = []
+
+    def slow_build(folder, out):
+        built.append(threading.get_ident())
+        time.sleep(0.3)
+        out.write_bytes(b"model")
+        return out
+
+    monkeypatch.setattr(onnx_backend, "build", slow_build)
+    path = tmp_path / "onnx" / "x.onnx"
+    go = threading.Barrier(4)
+
+    def caller():
+        go.wait()
+        onnx_backend._export_once(tmp_path, path)
+
+    threads = [threading.Thread(target=caller) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert len(built) == 1 and path.read_bytes() == b"model"
+
+
 def test_broken_cached_model_is_named(tmp_path, monkeypatch, real_encoder):
     from semsearch.encoder.onnx_backend import OnnxStates, model_path
 

@@ -390,3 +390,118 @@ def test_a_router_from_many_threads_and_asyncio_while_a_writer_writes(tmp_path, 
     for gen, q, w, mode, got in checked:
         assert_same_up_to_ties(key(one_process.search(q, 3, mode=mode, where=w)), got, (q, w, mode))
     assert checked
+
+
+# ---- indexes partitioned by document (store/partition.py) -----------------------------------------
+def _segments_by_part(folder):
+    from semsearch.store.manifest import Manifest
+
+    m = Manifest.load(folder)
+    out: dict = {}
+    for e in m.segments:
+        out.setdefault(e.get("part"), []).append(e)
+    return m, out
+
+
+def _parts_hold_their_documents(folder, n):
+    """Every live file of every segment is in the segment's partition: hash(path) mod n."""
+    import sqlite3
+
+    from semsearch.store.partition import entry_parts, part_of
+
+    m, by_part = _segments_by_part(folder)
+    assert m.shards == n and None not in by_part and set(by_part) <= set(range(n))
+    for e in m.segments:
+        parts, _ = entry_parts(folder, e, n)
+        assert set(parts) <= {e["part"]}, (e["id"], set(parts))
+        db = sqlite3.connect(f"file:{folder / e['docs']}?mode=ro", uri=True)
+        assert {part_of(p, n) for (p,) in db.execute("SELECT path FROM files")} <= {e["part"]}
+        db.close()
+    return m, by_part
+
+
+@pytest.fixture(scope="module")
+def partitioned(index, tmp_path_factory):
+    """The module's index (7 segments, with replaced and deleted documents) partitioned into 3
+    by `semsearch compact --shards 3`, then both written to alike: a batch of documents that
+    falls into every partition, a replacement and a deletion."""
+    from click.testing import CliRunner
+
+    from semsearch.cli import main
+
+    root = tmp_path_factory.mktemp("parted")
+    one, parted = root / "one", root / "parted"
+    shutil.copytree(index, one)
+    shutil.copytree(index, parted)
+    res = CliRunner().invoke(main, ["compact", "--index", str(parted), "--shards", "3", "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["shards"] == 3
+    return one, parted
+
+
+def _write_alike(folders, enc):
+    docs = [Document(f"later-{i}", f"Later note {i}: {TOPICS[(i * 2) % 5]} and {TOPICS[(i + 3) % 5]}.",
+                     {"year": 2003 + i, "lang": "en" if i % 2 else "de"}) for i in range(12)]
+    for f in folders:
+        upsert_documents(f, docs, enc)
+        upsert_documents(f, [Document("later-3", "A replaced later note on printing presses.", {"year": 2019, "lang": "en"})], enc)
+        delete_documents(f, ["later-4", "note-0-1"])
+
+
+def test_a_partitioned_index_answers_as_the_index_it_was_and_each_shard_holds_one_partition(partitioned, real_encoder):
+    """Partitioned, then written to (a batch across partitions is split at commit): each segment
+    holds one partition's documents, Retriever answers as on the unpartitioned copy (ids, texts,
+    scores within 1e-5: 3 modes x 5 filter forms), and 3 shards own one partition each while 1, 2
+    and 4 shards answer the same."""
+    one, parted = partitioned
+    _write_alike([one, parted], real_encoder)
+    m, by_part = _parts_hold_their_documents(parted, 3)
+    assert m.counts == Retriever.load(one, encoder=real_encoder).manifest.counts
+    shares = [sum(e["live"] for e in by_part[p]) / m.counts["chunks"] for p in range(3)]
+    assert all(s > 0.1 for s in shares), shares  # (a few large files: not 1/3 each at this size)
+    a, b = Retriever.load(one, encoder=real_encoder), Retriever.load(parted, encoder=real_encoder)
+    for mode in ("dense", "lexical", "hybrid"):
+        for where in WHERES:
+            for q, x, y in zip(QUERIES, a.search_batch(QUERIES, 10, mode=mode, where=where),
+                               b.search_batch(QUERIES, 10, mode=mode, where=where)):
+                assert_same(key(x), key(y), (mode, where, q))
+                assert [h.text for h in x] == [h.text for h in y]
+    owned = assign(m.segments, 3)
+    assert sorted(sorted({m.segments[i]["part"] for i in o}) for o in owned) == [[0], [1], [2]]
+    for shards in (1, 2, 3, 4):
+        router = ShardedSearch(parted, local_fanout([Shard(parted, i, shards) for i in range(shards)]), real_encoder)
+        for mode in ("dense", "lexical", "hybrid"):
+            for where in (None, ["year>=2005", "year<2020"], "path:*.jsonl"):
+                for q, x, y in zip(QUERIES, a.search_batch(QUERIES, 10, mode=mode, where=where),
+                                   router.search_batch(QUERIES, 10, mode=mode, where=where)):
+                    assert_same(key(x), key(y), (shards, mode, where, q))
+
+
+def test_index_shards_builds_partitions_that_writes_keep_and_numbers_that_differ_are_refused(tmp_path):
+    """`index --shards 3` on a new index: one segment a partition, each document's chunks in its
+    own; an update keeps them so; another --shards, or re-partitioning a partitioned index, is a
+    clear error that names the way (nothing written); `compact` keeps a segment a partition."""
+    from semsearch.errors import InputError
+    from semsearch.store.folder import compact
+    from semsearch.store.manifest import Manifest
+
+    enc = FakeEncoder()
+    corpus = tmp_path / "c"
+    shutil.copytree(SAMPLE, corpus)
+    folder = tmp_path / "idx"
+    index_corpus(corpus, folder, enc, progress=False, shards=3)
+    m, by_part = _parts_hold_their_documents(folder, 3)
+    assert sorted(by_part) == [0, 1, 2] and all(len(v) == 1 for v in by_part.values())
+    (corpus / "added.txt").write_text("An added file about loan approval and lentil soup.\n")
+    (corpus / "growing_tomatoes.txt").unlink()
+    index_corpus(corpus, folder, enc, progress=False)  # the index's own number of partitions
+    _parts_hold_their_documents(folder, 3)
+    before = Manifest.load(folder).generation
+    for call in (lambda: index_corpus(corpus, folder, enc, progress=False, shards=2),
+                 lambda: compact(folder, shards=2)):
+        with pytest.raises(InputError, match="partitioned into 3"):
+            call()
+    assert Manifest.load(folder).generation == before
+    out = compact(folder)
+    assert out["shards"] == 3 and out["segments"] == 3
+    _parts_hold_their_documents(folder, 3)

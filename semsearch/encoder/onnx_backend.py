@@ -111,6 +111,21 @@ def build(folder: Path, out: Path) -> Path:
     return out
 
 
+def _export_once(folder: Path, path: Path) -> None:
+    """build() unless another process is building the same file: the first to take the lock
+    exports, the others wait for it and then find the file (processes started together on a fresh
+    machine, a server's workers or a test run's, would otherwise each spend the export's ~10 s of
+    CPU on the same bytes)."""
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released on close, also by a process that dies holding it
+        if not path.exists():
+            log.warning("exporting the encoder to an int8 ONNX model for this CPU at %s (once per model: seconds to a minute)", path)
+            build(folder, path)
+
+
 def _drop_attention_mask(model) -> int:
     """Take the padding mask out of every attention node (and the nodes that only computed it).
 
@@ -206,8 +221,7 @@ class OnnxStates:
         """The int8 model for these weights, exported and cached on first use (~20 s)."""
         path = model_path(fingerprint)
         if not path.exists():
-            log.warning("exporting the encoder to an int8 ONNX model for this CPU at %s (once per model: seconds to a minute)", path)
-            build(folder, path)
+            _export_once(folder, path)
         states = cls(path)
         states._session(1)  # load now: a broken cache file fails here, not mid-index
         return states

@@ -17,7 +17,7 @@ import threading
 import numpy as np
 from pathlib import Path
 
-from semsearch.errors import IndexFormatError, IndexLocked
+from semsearch.errors import IndexFormatError, IndexLocked, InputError
 from semsearch.store import integrity, lexical, vecfile
 from semsearch.store.files import DATA_FILE, DB_ERRORS, damaged, fsync_dir, fsync_file, manifest_stamp
 from semsearch.store.docstore import DocStore, StoredFile
@@ -377,7 +377,11 @@ class IndexWriter:
         # Segments hold increasing id ranges in list order: the new ones sort by their first id.
         entries += sorted(tail, key=lambda e: (e["min_id"] is None, e["min_id"] or 0))
         next_segment = self._next_segment
-        if merge != "none":
+        shards = int(getattr(manifest, "shards", 1) or 1)
+        if merge != "none" and shards > 1:  # partitioned by document (store/partition.py)
+            entries, next_segment = merge_.apply_parted(self.folder, entries, self.dim, manifest, next_segment, shards,
+                                                        everything=merge == "all", tail=self._run_tail(entries) if merge == "run" else 0)
+        elif merge != "none":
             entries, next_segment = merge_.apply(self.folder, entries, self.dim, manifest, next_segment,
                                                  everything=merge == "all", tail=self._run_tail(entries) if merge == "run" else 0)
         fsync_dir(self.folder)  # the data files' names are durable before the manifest names them
@@ -567,23 +571,37 @@ def verify(folder: Path) -> list[str]:
     return problems
 
 
-def compact(folder: Path) -> dict:
+def compact(folder: Path, shards: int | None = None) -> dict:
     """Merge every segment of an index into one without its deleted chunks, as one new generation
     (what the merge policy does piecemeal, done at once; a lone segment of an older format or
-    another vector storage is rewritten); gives back the segment and chunk counts before and after."""
+    another vector storage is rewritten); gives back the segment and chunk counts before and after.
+    A partitioned index (store/partition.py) ends with one segment a partition; `shards`:
+    partition an index that is not into this many."""
     import dataclasses
     import time
 
     t0 = time.perf_counter()
     folder = Path(folder)
     base = Manifest.load(folder)
+    if shards is not None and shards < 1:
+        raise InputError(f"--shards must be at least 1, got {shards}")
     before = {"segments": len(base.segments), "rows": sum(e["rows"] for e in base.segments)}
+    n = int(base.shards if shards is None else shards)
+    if base.shards > 1 and n != base.shards:
+        # Its partitions' chunk ids interleave, and a segment's vector and posting files hold
+        # sorted ids: merging across partitions would need a sorting merge of both.
+        raise InputError(f"{folder} is partitioned into {base.shards} shards; re-partitioning one is not supported: "
+                         f"build it anew with `semsearch index CORPUS --index {folder} --rebuild --shards {n}`")
     writer = IndexWriter(folder, base.dim, base)
     try:
-        writer.commit(dataclasses.replace(base, index=dict(base.index)), merge="all")
+        if n != base.shards:  # every segment split anew (or merged whole, for 1)
+            for b in writer.base_segments:
+                b.entry = {k: v for k, v in b.entry.items() if k not in ("part", "parts")}
+        writer.commit(dataclasses.replace(base, index=dict(base.index), shards=n), merge="all")
     except BaseException:
         writer.abort()
         raise
     m = Manifest.load(folder)
     return {"segments_before": before["segments"], "rows_before": before["rows"], "segments": len(m.segments),
-            "chunks": m.counts["chunks"], "generation": m.generation, "seconds": round(time.perf_counter() - t0, 3)}
+            "chunks": m.counts["chunks"], "generation": m.generation, "shards": m.shards,
+            "seconds": round(time.perf_counter() - t0, 3)}

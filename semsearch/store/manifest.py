@@ -55,6 +55,7 @@ class Manifest:
     updated: str = ""
     last_run: dict[str, Any] = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
+    shards: int = 1  # partitions by document (store/partition.py); 1: none
 
     @property
     def files(self) -> dict[str, str]:
@@ -116,7 +117,7 @@ _TYPES: dict[str, type | tuple[type, ...]] = {
     "model": str, "model_fingerprint": str, "backend": str, "pooling": str, "dim": int, "max_length": int,
     "precision": str, "chunking": dict, "counts": dict, "index": dict, "segments": list, "next_ids": dict, "generation": int,
     "head": (dict, type(None)), "states": (dict, type(None)), "model_files": dict, "last_run": dict,
-    "created": str, "updated": str, "metric": str, "normalized": bool,
+    "created": str, "updated": str, "metric": str, "normalized": bool, "shards": int,
 }
 
 
@@ -187,6 +188,9 @@ def check_segment(x: dict, folder: Path, name: str) -> None:
             raise damaged(folder, name, f"damaged manifest (segment {sid}: {key} is not a count)")
     for key in ("min_id", "max_id"):
         if x.get(key) is not None and not _is_int(x[key]):
+            raise damaged(folder, name, f"damaged manifest (segment {sid}: {key})")
+    for key in ("part", "parts"):  # its partition by document of how many (store/partition.py)
+        if x.get(key) is not None and (not _is_int(x[key]) or x[key] < 0):
             raise damaged(folder, name, f"damaged manifest (segment {sid}: {key})")
     if not isinstance(x.get("index", {}), dict) or not isinstance(x.get("index", {}).get("params", {}), dict):
         raise damaged(folder, name, f"damaged manifest (segment {sid}: index)")

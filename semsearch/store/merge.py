@@ -110,18 +110,91 @@ def apply(folder: Path, entries: list[dict], dim: int, manifest, next_segment: i
         vf = VectorFile(Path(folder) / e["vecs"])
         return vf.storage != want or ((e.get("index") or {}).get("type") == "ivf-fastscan" and not vf.ordered)
 
+    out, next_segment = _run_plan(Path(folder), entries, dim, manifest, next_segment, everything, stale)
+    return [e for e in out if e["live"] > 0 or e["files"] > 0], next_segment
+
+
+def _run_plan(folder: Path, entries: list[dict], dim: int, manifest, next_segment: int, everything: bool, stale,
+              part: int | None = None) -> tuple[list[dict], int]:
+    """The entries after the merges plan() asks for (of one partition's entries: `part`)."""
     out: list[dict] = []
     at = 0
     for a, b in plan(entries, everything, stale):
         out += entries[at:a]
         t = time.perf_counter()
-        out.append(merge(Path(folder), entries[a:b], next_segment, dim, manifest))
+        out.append(merge(folder, entries[a:b], next_segment, dim, manifest, part=part))
         log.info("merged %d segment(s) into segment %d (%d chunks) in %.2f s", b - a, next_segment, out[-1]["live"],
                  time.perf_counter() - t)
         next_segment += 1
         at = b
-    out += entries[at:]
+    return out + entries[at:], next_segment
+
+
+def apply_parted(folder: Path, entries: list[dict], dim: int, manifest, next_segment: int, n: int,
+                 everything: bool = False, tail: int = 0) -> tuple[list[dict], int]:
+    """apply() for an index partitioned by document into n (store/partition.py): every segment
+    that holds documents of several partitions split into one segment a partition, the segments a
+    long run published as it went (the last `tail`) merged into one a partition, then the merge
+    policy within each partition. A segment without `part` (or with a part of another n: a
+    re-partition) is split."""
+    from semsearch.store import partition
+
+    folder = Path(folder)
+    tail_ids = {e["id"] for e in entries[len(entries) - tail:]} if tail else set()
+    pieces: list[dict] = []
+    from_tail: set[int] = set()
+    for e in entries:
+        if e.get("part") is not None and e.get("parts") == n:
+            got = [e]
+        else:
+            got, next_segment = _split(folder, e, dim, manifest, next_segment, n)
+        for g in got:
+            g["parts"] = n
+        pieces += got
+        if e["id"] in tail_ids:
+            from_tail |= {g["id"] for g in got}
+    want = (getattr(manifest, "index", None) or {}).get("storage") or "fp32"
+
+    def stale(e: dict) -> bool:
+        if not e.get("vecs") or not e.get("postings"):
+            return True
+        vf = VectorFile(folder / e["vecs"])
+        return vf.storage != want or ((e.get("index") or {}).get("type") == "ivf-fastscan" and not vf.ordered)
+
+    out: list[dict] = []
+    for p in sorted({int(e["part"]) for e in pieces}):
+        block = partition.order([e for e in pieces if e["part"] == p])
+        mine = [e for e in block if e["id"] in from_tail]
+        if mine and not everything and (len(mine) > 1 or _outgrew_flat(mine[0], manifest, dim)):
+            merged = merge(folder, mine, next_segment, dim, manifest, part=p)
+            log.info("merged the run's %d segments of partition %d into segment %d (%d chunks)", len(mine), p,
+                     next_segment, merged["live"])
+            merged["parts"] = n
+            next_segment += 1
+            block = partition.order([e for e in block if e["id"] not in from_tail] + [merged])
+        done, next_segment = _run_plan(folder, block, dim, manifest, next_segment, everything, stale, part=p)
+        for d in done:
+            d["parts"] = n
+        out += done
     return [e for e in out if e["live"] > 0 or e["files"] > 0], next_segment
+
+
+def _split(folder: Path, entry: dict, dim: int, manifest, next_segment: int, n: int) -> tuple[list[dict], int]:
+    """One segment a partition of the documents `entry` holds (itself, tagged, where it holds
+    one partition's only)."""
+    from semsearch.store import partition
+
+    parts, dead = partition.entry_parts(folder, entry, n)
+    if len(parts) <= 1:
+        return [{**entry, "part": next(iter(parts), 0)}], next_segment
+    out = []
+    for p in parts:
+        t = time.perf_counter()
+        out.append(merge(folder, [entry], next_segment, dim, manifest, [partition.without_others(dead, parts, p)], part=p))
+        log.info("split segment %d: partition %d into segment %d (%d chunks) in %.2f s", entry["id"], p, next_segment,
+                 out[-1]["live"], time.perf_counter() - t)
+        next_segment += 1
+    return out, next_segment
 
 
 def _requested(manifest) -> str:
@@ -163,17 +236,22 @@ def copy_live(dst: sqlite3.Connection, src: Path, dead: Tombstones, terms: bool 
         dst.execute("DETACH DATABASE src")
 
 
-def merge(folder: Path, group: list[dict], seg_id: int, dim: int, manifest) -> dict:
+def merge(folder: Path, group: list[dict], seg_id: int, dim: int, manifest, deads_given: list[Tombstones] | None = None,
+          part: int | None = None) -> dict:
     """One segment holding the live rows of the group's segments: written, indexed, fsynced;
-    gives back its manifest entry."""
+    gives back its manifest entry. `deads_given`: each segment's tombstones to apply instead of
+    its own (a split: its own plus the other partitions' rows); `part`: the partition it holds."""
     docs_file, vectors_file = f"docs.{seg_id}.sqlite", f"vectors.{seg_id}.faiss"
     store = DocStore(folder / docs_file, unpublished=True)  # fsynced before the manifest names it
     steps = _Steps(seg_id)
     try:
         states: set[str] = set()
         deads = []
-        for e in group:
-            dead = Tombstones.load(folder / e["deletes"]) if e.get("deletes") else Tombstones()
+        for i, e in enumerate(group):
+            if deads_given is not None:
+                dead = deads_given[i]
+            else:
+                dead = Tombstones.load(folder / e["deletes"]) if e.get("deletes") else Tombstones()
             copy_live(store.db, folder / e["docs"], dead, terms=not e.get("postings"))
             states |= set(e.get("states") or [])
             deads.append(dead)
@@ -199,7 +277,10 @@ def merge(folder: Path, group: list[dict], seg_id: int, dim: int, manifest) -> d
         for name in (docs_file, vectors_file):
             fsync_file(folder / name)
         steps.done("written to disk")
-        return segment_entry(folder, seg_id, store, vi, entry, sorted(states))
+        out = segment_entry(folder, seg_id, store, vi, entry, sorted(states))
+        if part is not None:
+            out["part"] = part
+        return out
     finally:
         store.close()
 

@@ -359,10 +359,11 @@ def open_parts(folder: Path, manifest, device: str = "cpu", reuse: dict | None =
                     integrity.check_file(folder, name, ((entry.get("integrity") or {}).get("files") or {}).get(name))
                     dead = Tombstones.load(Path(folder) / name)
             parts.append(Part(seg, dead, entry))
-        held = [p for p in parts if p.entry.get("rows", 1)]
-        for a, b in zip(held, held[1:]):
-            if a.hi >= b.lo >= 0:
-                raise damaged(folder, "manifest.json", f"segments {a.segment.id} and {b.segment.id} overlap in chunk ids")
+        for group in _by_partition(parts):  # within a partition (or an index without), increasing id ranges
+            held = [parts[j] for j in group if parts[j].entry.get("rows", 1)]
+            for a, b in zip(held, held[1:]):
+                if a.hi >= b.lo >= 0:
+                    raise damaged(folder, "manifest.json", f"segments {a.segment.id} and {b.segment.id} overlap in chunk ids")
     except BaseException:
         for s in opened:
             s.close()
@@ -598,16 +599,41 @@ class SegmentedVectors:
         return out
 
 
+def _by_partition(parts: list[Part]) -> list[list[int]]:
+    """Positions in parts grouped by the partition by document their segments hold (one group in
+    an index without partitions; store/partition.py), each group in list order."""
+    groups: dict[Any, list[int]] = {}
+    for j, p in enumerate(parts):
+        groups.setdefault(p.entry.get("part"), []).append(j)
+    return list(groups.values())
+
+
 def _part_of(parts: list[Part], ids: np.ndarray) -> np.ndarray:
-    """For each id, the index in parts of the part whose id range holds it (-1: none)."""
-    held = [j for j, p in enumerate(parts) if p.lo >= 0]
-    if not held:
-        return np.full(len(ids), -1, np.int64)
-    los = np.array([parts[j].lo for j in held], np.int64)
-    his = np.array([parts[j].hi for j in held], np.int64)
-    at = np.searchsorted(los, ids, "right") - 1
-    ok = (at >= 0) & (ids <= his[at.clip(0)])
-    return np.where(ok, np.array(held, np.int64)[at.clip(0)], -1)
+    """For each id, the index in parts of the part whose id range holds it (-1: none). Within
+    one partition by document (or an index without) segments hold increasing, disjoint id
+    ranges; the partitions' ranges interleave, so where there are several, a segment whose range
+    holds an id is taken only if the id is among its own (sorted) ids."""
+    groups = _by_partition(parts)
+    out = np.full(len(ids), -1, np.int64)
+    for group in groups:
+        held = [j for j in group if parts[j].lo >= 0]
+        if not held:
+            continue
+        los = np.array([parts[j].lo for j in held], np.int64)
+        his = np.array([parts[j].hi for j in held], np.int64)
+        at = np.searchsorted(los, ids, "right") - 1
+        ok = (at >= 0) & (ids <= his[at.clip(0)]) & (out < 0)
+        cand = np.array(held, np.int64)[at.clip(0)]
+        if len(groups) > 1:
+            for j in np.unique(cand[ok]).tolist():
+                sel = np.flatnonzero(ok & (cand == j))
+                own = parts[j].segment.ids
+                if not len(own):
+                    ok[sel] = False
+                    continue
+                ok[sel] = own[np.searchsorted(own, ids[sel]).clip(0, len(own) - 1)] == ids[sel]
+        out[ok] = cand[ok]
+    return out
 
 
 class _Small:

@@ -53,6 +53,7 @@ class Postings:
         self.ids, self.lengths, self.vocab, self.indptr, self.postings, self.tfs = ids, lengths, vocab, indptr, postings, tfs
         # integer-valued: exact (a file records it, so opening one reads no row)
         self.total_length = float(np.sum(lengths, dtype=np.float64)) if total_length is None else float(total_length)
+        self.interleaved = False  # combine()'s rows of segments whose ids interleave (partitions by document)
         self._blocks: tuple[np.ndarray, np.ndarray, np.ndarray] | None = blocks
 
     def blocks(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -125,8 +126,9 @@ class Postings:
 
     @classmethod
     def combine(cls, parts: Sequence["Postings"]) -> "Postings":
-        """One posting set over the rows of several, in their order (ids stay increasing); each
-        term's rows stay sorted (a stable sort by term keeps part order, then row order)."""
+        """One posting set over the rows of several, in their order (ids increase, but for the
+        segments of different partitions by document: `interleaved`); each term's rows stay
+        sorted (a stable sort by term keeps part order, then row order)."""
         offsets = np.cumsum([0] + [len(p) for p in parts[:-1]])
         h = np.concatenate([np.repeat(p.vocab, np.diff(p.indptr)) for p in parts])
         rows = np.concatenate([(p.postings.astype(np.int64) + o) for p, o in zip(parts, offsets)]).astype(np.int32)
@@ -135,7 +137,10 @@ class Postings:
         h, rows, tfs = h[order], rows[order], tfs[order]
         vocab, starts = np.unique(h, return_index=True)
         indptr = np.append(starts, len(h)).astype(np.int64)
-        return cls(np.concatenate([p.ids for p in parts]), np.concatenate([p.lengths for p in parts]), vocab, indptr, rows, tfs)
+        ids = np.concatenate([p.ids for p in parts])
+        out = cls(ids, np.concatenate([p.lengths for p in parts]), vocab, indptr, rows, tfs)
+        out.interleaved = len(ids) > 1 and not bool((np.diff(ids) > 0).all())
+        return out
 
     def find(self, hashes: np.ndarray) -> np.ndarray:
         """Each hash's position in vocab, -1 where these rows do not hold it."""

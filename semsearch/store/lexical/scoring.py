@@ -28,15 +28,20 @@ def _sorted_unique(x: np.ndarray) -> np.ndarray:
     return x
 
 
-def best_n(pos: np.ndarray, s: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """The n best of rows `pos` (ascending) by score s, best first; ties go to the lower row
-    (rows are in id order), at the cut too, so the result is one whatever computed the scores."""
+def best_n(pos: np.ndarray, s: np.ndarray, n: int, ids: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The n best of rows `pos` (ascending) by score s, best first; ties go to the lower id, at
+    the cut too, so the result is one whatever computed the scores. `ids`: the rows' ids where
+    rows are not in id order (an index partitioned by document); None: they are."""
+    key = pos if ids is None else ids[pos]
     if len(s) > n:
         kth = np.partition(s, len(s) - n)[len(s) - n]
         above = np.flatnonzero(s > kth)
-        keep = np.sort(np.concatenate([above, np.flatnonzero(s == kth)[: n - len(above)]]))
-        pos, s = pos[keep], s[keep]
-    order = np.lexsort((pos, -s))
+        tied = np.flatnonzero(s == kth)
+        if ids is not None:
+            tied = tied[np.argsort(key[tied], kind="stable")]
+        keep = np.sort(np.concatenate([above, tied[: n - len(above)]]))
+        pos, s, key = pos[keep], s[keep], key[keep]
+    order = np.lexsort((key, -s))
     return pos[order], s[order]
 
 
@@ -66,20 +71,27 @@ class LexicalIndex:
     Statistics are those of every live row together (row count, average length, each term's
     document frequency), so a row's score does not depend on how the rows are split into segments
     or on deleted rows: the same live rows give the same scores, bit for bit, in one segment or many.
-    `ids` is every row's id, in row order (segments hold increasing id ranges, so it is sorted);
-    `deleted` gives, per part, the positions of its deleted rows (None: none)."""
+    `ids` is every row's id, in row order: sorted where segments hold increasing id ranges; in an
+    index partitioned by document (store/partition.py) the partitions' ids interleave, and ids are
+    found through their sort order (`_order`); `deleted` gives, per part, the positions of its
+    deleted rows (None: none)."""
 
     def __init__(self, parts: Sequence[Postings], deleted: Sequence[np.ndarray | None] | None = None,
                  k1: float = K1, b: float = B):
         self.parts = list(parts)
         self.k1, self.b = k1, b
         self.offsets = np.cumsum([0] + [len(p) for p in self.parts])
-        if len(self.parts) == 1:  # one segment: its (mapped) ids as they are, nothing read up front
-            self.ids = self.parts[0].ids
+        self._order: np.ndarray | None = None  # rows by id, where row order is not id order
+        self._sorted: np.ndarray | None = None  # ids[_order]
+        if len(self.parts) == 1 and not getattr(self.parts[0], "interleaved", False):
+            self.ids = self.parts[0].ids  # one segment: its (mapped) ids as they are, nothing read up front
         else:
             self.ids = np.concatenate([p.ids for p in self.parts]) if self.parts else np.zeros(0, np.int64)
             if len(self.ids) > 1 and not (np.diff(self.ids) > 0).all():  # a segment's own order is checked when written
-                raise ValueError("the rows' ids are not increasing across segments")
+                self._order = np.argsort(self.ids, kind="stable")
+                self._sorted = self.ids[self._order]
+                if (np.diff(self._sorted) == 0).any():
+                    raise ValueError("two rows hold the same id")
         deleted = list(deleted) if deleted is not None else [None] * len(self.parts)
         self._dead: list[np.ndarray | None] = []  # per part: a boolean mask of deleted rows
         self.live: np.ndarray | None = None  # over all rows; None: every row is live
@@ -350,7 +362,7 @@ class LexicalIndex:
                 exact = self._add_term(exact, rows, idf, spans, count if count is not None and counted(h) else None)
             mine = np.searchsorted(rows, cand) if len(rows) != len(cand) else np.arange(len(rows))
             pos = mine[exact[mine] > 0]
-        pos, s = best_n(pos, exact[pos], n)
+        pos, s = best_n(pos, exact[pos], n, None if self._order is None else self.ids[rows])
         out = self.ids[rows[pos]], s, self._values_in(rows, exact, also)
         return out + (count[pos], self._values_in(rows, count, also)) if terms else out
 
@@ -404,7 +416,7 @@ class LexicalIndex:
         if self.live is not None:
             hit &= self.live
         pos = np.flatnonzero(hit)
-        pos, s = best_n(pos, acc[pos], n)
+        pos, s = best_n(pos, acc[pos], n, None if self._order is None else self.ids)
         return self.ids[pos], s
 
     def search(self, query: str, n: int, allowed: np.ndarray | None = None) -> list[tuple[int, float]]:
@@ -417,8 +429,13 @@ class LexicalIndex:
         ids = np.asarray(ids, np.int64)
         if not len(self.ids):
             return np.zeros(len(ids), np.int64), np.zeros(len(ids), bool)
-        pos = np.searchsorted(self.ids, ids).clip(0, len(self.ids) - 1)
-        held = self.ids[pos] == ids
+        if self._order is not None:
+            at = np.searchsorted(self._sorted, ids).clip(0, len(self.ids) - 1)
+            held = self._sorted[at] == ids
+            pos = self._order[at]
+        else:
+            pos = np.searchsorted(self.ids, ids).clip(0, len(self.ids) - 1)
+            held = self.ids[pos] == ids
         if self.live is not None:
             held &= self.live[pos]
         return pos, held
