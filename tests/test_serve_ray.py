@@ -48,9 +48,11 @@ TOPICS = ["loan approval takes one business day", "lentil soup simmers with cumi
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    """An index of several segments, served as a user serves it: `semsearch serve --engine ray
-    --shards 3 --replicas 2 --host 127.0.0.1` in its own process (a new local Ray cluster of this
-    machine's CPUs, on loopback). Replicas are found by their process titles in its process tree."""
+    """An index partitioned by document into 3 (`index --shards 3`), then written to (each write
+    split by partition), served as a user serves it: `semsearch serve --engine ray --shards 3
+    --replicas 2 --host 127.0.0.1` in its own process (a new local Ray cluster of this machine's
+    CPUs, on loopback): each shard owns one partition. Replicas are found by their process titles
+    in its process tree."""
     from semsearch.encoder import Encoder
 
     if not Path("/proc/net/tcp").exists():
@@ -64,7 +66,7 @@ def cluster(tmp_path_factory):
                                 "lang": "de" if i % 4 == 0 else "en"}) + "\n")
     folder = root / "index"
     enc = Encoder(device="cpu")  # the default precision: what the router loads for queries
-    index_corpus(corpus, folder, enc, progress=False)
+    index_corpus(corpus, folder, enc, progress=False, shards=3)
     for j in range(3):
         upsert_documents(folder, [Document(f"note-{j}-{i}", f"Note {i}: {TOPICS[(i + j) % 5]}.", {"year": 2001 + i, "lang": "en"})
                                   for i in range(6)], enc)
@@ -102,8 +104,12 @@ def cluster(tmp_path_factory):
 
 
 def three_shards_answer_as_one_process(cluster):
+    from semsearch.shards import assign
+
     folder, url, enc = cluster[:3]
     one = Retriever.load(folder, device="cpu", encoder=enc)
+    segs = one.manifest.segments
+    assert one.manifest.shards == 3 and sorted(sorted({segs[i]["part"] for i in o}) for o in assign(segs, 3)) == [[0], [1], [2]]
     compared = 0
     with httpx.Client(base_url=url, timeout=120) as c:
         for mode in ("dense", "lexical", "hybrid"):
