@@ -427,7 +427,7 @@ class _Run:
             from semsearch.engines.build import update_with_engine
 
             self.report.engine = update_with_engine(self.writer, files, root, self.encoder, self.chunking, read, self.report,
-                                                    self.keep_states, engine, self.vectors)
+                                                    self.keep_states, engine, self.vectors, self.shards)
         self.report.resumed = self.cache.reused if self.cache else 0
 
     def finish(self, new_head: str | None, t0: float) -> None:

@@ -26,7 +26,7 @@ def dump(folder: Path) -> tuple[list[tuple], np.ndarray, list[tuple]]:
     from semsearch.store.segments import read_rows
 
     m = Manifest.load(folder)
-    rows = list(read_rows(folder, m, "f.path, c.row, c.ord, c.start, c.end, c.line, c.text, c.metadata"))
+    rows = sorted(read_rows(folder, m, "f.path, c.row, c.ord, c.start, c.end, c.line, c.text, c.metadata"))  # (partitions interleave)
     docs = open_index(folder)[2]
     ids, vecs = docs.get_vectors([r[0] for r in rows])
     assert ids.tolist() == [r[0] for r in rows]
@@ -108,6 +108,51 @@ def test_inprocess_engine_equals_local_and_updates_either_way(sample_copy, tmp_p
     index_corpus(sample_copy, a, fake_encoder, engine=InProcessEngine(fake_encoder))
     index_corpus(sample_copy, b, fake_encoder)
     assert_same_index(a, b)
+
+
+def test_an_engine_writes_each_partition_side_by_side_and_the_commit_splits_nothing(sample_copy, tmp_path, fake_encoder,
+                                                                                     monkeypatch):
+    """`index --shards 3` through an engine: its segment writers write one segment a partition
+    (a task each: in parallel on Ray), so the commit merges and splits nothing; the index equals
+    the local engine's partitioned and unpartitioned builds chunk for chunk, and stays partitioned
+    through an update by either engine."""
+    from semsearch.store import merge as merge_
+    from semsearch.store.partition import part_of
+
+    a, b, c = tmp_path / "local", tmp_path / "engine", tmp_path / "local-parted"
+    index_corpus(sample_copy, a, fake_encoder)
+    index_corpus(sample_copy, c, fake_encoder, shards=3)
+    merges = []
+    real_merge = merge_.merge
+    monkeypatch.setattr(merge_, "merge", lambda *x, **k: merges.append(x[2]) or real_merge(*x, **k))
+    rep = index_corpus(sample_copy, b, fake_encoder, engine=InProcessEngine(fake_encoder), shards=3)
+    m = Manifest.load(b)
+    assert rep.engine["segments_written"] == 3 and merges == []
+    assert m.shards == 3 and sorted(e["part"] for e in m.segments) == [0, 1, 2]
+    for e in m.segments:
+        got = read_paths(b, e)
+        assert got and {part_of(p, 3) for p in got} == {e["part"]}
+    assert_same_index(a, b)
+    assert_same_index(c, b)
+    edit_corpus(sample_copy)
+    for folder in (a, b):
+        index_corpus(sample_copy, folder, fake_encoder)
+    index_corpus(sample_copy, c, fake_encoder, engine=InProcessEngine(fake_encoder))
+    assert_same_index(a, b)
+    assert_same_index(a, c)
+    for folder in (b, c):
+        assert all(e.get("part") is not None and {part_of(p, 3) for p in read_paths(folder, e)} <= {e["part"]}
+                   for e in Manifest.load(folder).segments)
+
+
+def read_paths(folder: Path, entry: dict) -> set[str]:
+    import sqlite3
+
+    db = sqlite3.connect(f"file:{folder / entry['docs']}?mode=ro", uri=True)
+    try:
+        return {p for (p,) in db.execute("SELECT path FROM files")}
+    finally:
+        db.close()
 
 
 def test_shards_path_builds_ivf_and_keeps_states(sample_copy, tmp_path, real_encoder):

@@ -30,12 +30,14 @@ class EngineError(SemsearchError):
 
 
 def update_with_engine(writer, files, root: Path, encoder, chunking, read, report, keep_states: bool, engine,
-                       vectors=None) -> dict:
+                       vectors=None, partitions: int = 1) -> dict:
     """indexing._update through an engine: the engine reads, chunks and encodes the files into
     staged shards; the driver registers each file in walk order (so file and chunk ids are those
     the local engine gives), and the engine's workers write the new chunks as segments, one a
     group of shards, in parallel (store/newsegment.py); the driver then only publishes them with
-    the tombstones of what they replace. Gives back the engine's figures."""
+    the tombstones of what they replace. In an index partitioned by document (`partitions` > 1) each
+    segment holds one partition's files: the workers write the partitions side by side, and the
+    commit has nothing to split. Gives back the engine's figures."""
     store = writer.docs
     stored = store.files()
     by_seq = {}
@@ -61,7 +63,7 @@ def update_with_engine(writer, files, root: Path, encoder, chunking, read, repor
             lost = sorted(set(by_seq) - set(statuses))
             if lost:
                 raise EngineError(f"the {engine.name} engine returned nothing for {len(lost)} file(s), e.g. {by_seq[lost[0]].path}")
-            tasks = _register(writer, by_seq, stored, statuses, groups, report, encoder, keep_states, vectors)
+            tasks = _register(writer, by_seq, stored, statuses, groups, report, encoder, keep_states, vectors, partitions)
             t_seg = time.perf_counter()
             entries = _write_segments(engine, tasks)
             writer.add_segments(entries)
@@ -110,10 +112,12 @@ def _statuses(shards: list[Path]) -> tuple[dict[int, dict], list[tuple[list[Path
     return statuses, groups
 
 
-def _register(writer, by_seq, stored, statuses, groups, report, encoder, keep_states, vectors) -> list[dict]:
+def _register(writer, by_seq, stored, statuses, groups, report, encoder, keep_states, vectors, partitions: int = 1) -> list[dict]:
     """Each file's status applied in walk order, as indexing._update does (touch, skip, error,
     replace); the indexed files get their file and chunk ids; gives back one segment task a
-    group of shards that holds indexed files."""
+    group of shards that holds indexed files (one a partition of them, where `partitions` > 1)."""
+    from semsearch.store.partition import part_of
+
     indexed = [s for s in sorted(statuses) if statuses[s]["status"] == "indexed"]
     next_file, next_chunk = writer.reserve(len(indexed), sum(int(statuses[s]["chunks"]) for s in indexed))
     records: dict[int, dict] = {}
@@ -156,11 +160,16 @@ def _register(writer, by_seq, stored, statuses, groups, report, encoder, keep_st
     storage = (vectors.storage if vectors is not None else None) or base.get("storage")
     tasks = []
     for paths, seqs in groups:
-        mine = {s: records[s] for s in sorted(seqs) if s in records}
-        if mine:
+        by_part: dict[int | None, dict] = {}
+        for seq in sorted(seqs):
+            if seq in records:
+                part = part_of(records[seq]["path"], partitions) if partitions > 1 else None
+                by_part.setdefault(part, {})[seq] = records[seq]
+        for part, mine in sorted(by_part.items(), key=lambda x: x[0] or 0):
             tasks.append({"folder": str(writer.folder), "seg_id": writer.segment_id(), "dim": encoder.out_dim,
                           "state_dim": encoder.dim if keep_states else None, "shards": [str(p) for p in paths],
-                          "files": mine, "requested": requested, "target": target, "storage": storage})
+                          "files": mine, "requested": requested, "target": target, "storage": storage,
+                          "part": part, "parts": partitions})
     return tasks
 
 
@@ -187,6 +196,8 @@ def build_segment(task: dict) -> dict:
     short = [s for s, rec in files.items() if got.get(s) != rec["chunks"]]
     if short:
         raise EngineError(f"file #{short[0]}: {got.get(short[0], 0)} chunk(s) staged, its reader made {files[short[0]]['chunks']}")
+    if task.get("part") is not None:  # one partition's files (the driver chose them by part_of)
+        entry.update(part=task["part"], parts=task["parts"])
     return entry
 
 

@@ -436,7 +436,11 @@ class SegmentedDocs:
         got = [g for g in got if len(g[0])]
         if not got:
             return np.zeros(0, np.int64), np.zeros((0, 0), np.float32)
-        return np.concatenate([g[0] for g in got]), np.concatenate([g[1] for g in got])
+        ids, vecs = np.concatenate([g[0] for g in got]), np.concatenate([g[1] for g in got])
+        if len(got) > 1 and not (np.diff(ids) > 0).all():  # by id, as one docstore gives them (partitions interleave)
+            order = np.argsort(ids, kind="stable")
+            ids, vecs = ids[order], vecs[order]
+        return ids, vecs
 
     def state_refs(self, ids: Iterable[int]) -> list[tuple[int, str | None, int | None, int | None]]:
         """[(chunk id, state file, first row, tokens)] of the given ids."""
