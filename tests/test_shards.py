@@ -505,3 +505,22 @@ def test_index_shards_builds_partitions_that_writes_keep_and_numbers_that_differ
     out = compact(folder)
     assert out["shards"] == 3 and out["segments"] == 3
     _parts_hold_their_documents(folder, 3)
+
+
+def test_a_long_partitioned_run_ends_with_one_merge_a_partition(tmp_path, monkeypatch):
+    """A run that publishes its segments as it goes (every ~100 chunks here), unsplit, ends with
+    one merge a partition that splits and merges them at once (not a split of each, then a merge),
+    and holds what an unpartitioned run holds, chunk for chunk."""
+    from semsearch.store import merge as merge_
+    from test_engines import assert_same_index
+
+    enc = FakeEncoder()
+    index_corpus(SAMPLE, tmp_path / "one", enc, progress=False, segment_chunks=100)
+    merges = []
+    real_merge = merge_.merge
+    monkeypatch.setattr(merge_, "merge", lambda *x, **k: merges.append((len(x[1]), k.get("part"))) or real_merge(*x, **k))
+    index_corpus(SAMPLE, tmp_path / "parted", enc, progress=False, segment_chunks=100, shards=3)
+    _, by_part = _parts_hold_their_documents(tmp_path / "parted", 3)
+    assert sorted(by_part) == [0, 1, 2] and all(len(v) == 1 for v in by_part.values())
+    assert sorted(p for _, p in merges) == [0, 1, 2] and all(n > 3 for n, _ in merges), merges  # the run's segments
+    assert_same_index(tmp_path / "one", tmp_path / "parted")

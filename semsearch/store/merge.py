@@ -133,26 +133,23 @@ def _run_plan(folder: Path, entries: list[dict], dim: int, manifest, next_segmen
 def apply_parted(folder: Path, entries: list[dict], dim: int, manifest, next_segment: int, n: int,
                  everything: bool = False, tail: int = 0) -> tuple[list[dict], int]:
     """apply() for an index partitioned by document into n (store/partition.py): every segment
-    that holds documents of several partitions split into one segment a partition, the segments a
-    long run published as it went (the last `tail`) merged into one a partition, then the merge
-    policy within each partition. A segment without `part` (or with a part of another n: a
-    re-partition) is split."""
+    that holds documents of several partitions split into one segment a partition; the segments a
+    long run published as it went (the last `tail`) merged into one segment a partition, split
+    and merged in one step; then the merge policy within each partition. A segment without
+    `part` (or with a part of another n) is split."""
     from semsearch.store import partition
 
     folder = Path(folder)
-    tail_ids = {e["id"] for e in entries[len(entries) - tail:]} if tail else set()
+    cut = len(entries) - tail if tail and not everything else len(entries)
     pieces: list[dict] = []
-    from_tail: set[int] = set()
-    for e in entries:
+    for e in entries[:cut]:
         if e.get("part") is not None and e.get("parts") == n:
-            got = [e]
+            pieces.append(e)
         else:
-            got, next_segment = _split(folder, e, dim, manifest, next_segment, n)
-        for g in got:
-            g["parts"] = n
-        pieces += got
-        if e["id"] in tail_ids:
-            from_tail |= {g["id"] for g in got}
+            got, next_segment = _split(folder, [e], dim, manifest, next_segment, n)
+            pieces += got
+    got, next_segment = _split(folder, entries[cut:], dim, manifest, next_segment, n)
+    pieces += got
     want = (getattr(manifest, "index", None) or {}).get("storage") or "fp32"
 
     def stale(e: dict) -> bool:
@@ -164,34 +161,31 @@ def apply_parted(folder: Path, entries: list[dict], dim: int, manifest, next_seg
     out: list[dict] = []
     for p in sorted({int(e["part"]) for e in pieces}):
         block = partition.order([e for e in pieces if e["part"] == p])
-        mine = [e for e in block if e["id"] in from_tail]
-        if mine and not everything and (len(mine) > 1 or _outgrew_flat(mine[0], manifest, dim)):
-            merged = merge(folder, mine, next_segment, dim, manifest, part=p)
-            log.info("merged the run's %d segments of partition %d into segment %d (%d chunks)", len(mine), p,
-                     next_segment, merged["live"])
-            merged["parts"] = n
-            next_segment += 1
-            block = partition.order([e for e in block if e["id"] not in from_tail] + [merged])
         done, next_segment = _run_plan(folder, block, dim, manifest, next_segment, everything, stale, part=p)
-        for d in done:
-            d["parts"] = n
         out += done
+    for e in out:
+        e["parts"] = n
     return [e for e in out if e["live"] > 0 or e["files"] > 0], next_segment
 
 
-def _split(folder: Path, entry: dict, dim: int, manifest, next_segment: int, n: int) -> tuple[list[dict], int]:
-    """One segment a partition of the documents `entry` holds (itself, tagged, where it holds
-    one partition's only)."""
+def _split(folder: Path, group: list[dict], dim: int, manifest, next_segment: int, n: int) -> tuple[list[dict], int]:
+    """The documents of the group's segments as one segment a partition: each partition's rows of
+    every segment of the group in one merge (tombstones naming the other partitions' rows). A lone
+    segment that holds one partition's documents is only tagged (unless it outgrew flat)."""
     from semsearch.store import partition
 
-    parts, dead = partition.entry_parts(folder, entry, n)
-    if len(parts) <= 1:
-        return [{**entry, "part": next(iter(parts), 0)}], next_segment
+    if not group:
+        return [], next_segment
+    found = [partition.entry_parts(folder, e, n) for e in group]
+    if len(group) == 1 and len(found[0][0]) <= 1 and not _outgrew_flat(group[0], manifest, dim):
+        lone = {k: v for k, v in group[0].items() if k != "rolled"}  # (a run's segment: settled now)
+        return [{**lone, "part": next(iter(found[0][0]), 0), "parts": n}], next_segment
     out = []
-    for p in parts:
+    for p in sorted({p for parts, _ in found for p in parts}):
+        mine = [(e, partition.without_others(dead, parts, p)) for e, (parts, dead) in zip(group, found) if p in parts]
         t = time.perf_counter()
-        out.append(merge(folder, [entry], next_segment, dim, manifest, [partition.without_others(dead, parts, p)], part=p))
-        log.info("split segment %d: partition %d into segment %d (%d chunks) in %.2f s", entry["id"], p, next_segment,
+        out.append(merge(folder, [e for e, _ in mine], next_segment, dim, manifest, [d for _, d in mine], part=p))
+        log.info("partition %d of %d segment(s) into segment %d (%d chunks) in %.2f s", p, len(mine), next_segment,
                  out[-1]["live"], time.perf_counter() - t)
         next_segment += 1
     return out, next_segment
