@@ -94,6 +94,7 @@ class Checker:
         self.done = 0
         self.labels = 0
         self.labelled: list[tuple] = []
+        self.by_surface: dict[str, int] = {}  # checked calls of each surface
         self.lock = threading.Lock()
 
     def add_ref(self, surface: str, call, result) -> None:
@@ -103,6 +104,7 @@ class Checker:
         refs = self.refs[(surface, repr(call))]
         with self.lock:
             self.done += 1
+            self.by_surface[surface] = self.by_surface.get(surface, 0) + 1
             if not any(same(result, r) for r in refs):
                 self.problems.append(f"{surface} {call!r}: {result} not one of {refs}")
             elif isinstance(result, Labelled):
@@ -558,7 +560,8 @@ def main() -> None:
     w.join(timeout=120)
     checker.check_labels()
     print(json.dumps({"problems": checker.problems[:20], "n_problems": len(checker.problems),
-                      "calls": checker.done, "labelled": checker.labels, "writes": counts["writes"]}))
+                      "calls": checker.done, "labelled": checker.labels, "writes": counts["writes"],
+                      "surfaces": sorted(checker.by_surface)}))
 
 
 if __name__ == "__main__":

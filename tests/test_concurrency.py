@@ -96,7 +96,15 @@ def test_mcp_tools_with_writes(index):
     run(index, "mcp")
 
 
-@pytest.mark.parametrize("framework", ["langchain", "llamaindex", "haystack"])
-def test_adapters_sync_and_async_with_writes(index, framework):
-    pytest.importorskip({"langchain": "langchain_core", "llamaindex": "llama_index.core", "haystack": "haystack"}[framework])
-    run(index, framework)
+def test_adapters_sync_and_async_with_writes(index):
+    """The LangChain, LlamaIndex and Haystack adapters at once in one process (8 threads and an
+    asyncio loop each, over one index) while the writer writes: one process start and one
+    reference pass for the three, where a run each spent ~7 s of a loaded CPU apiece on starting."""
+    import importlib.util
+
+    have = [f for f, mod in (("langchain", "langchain_core"), ("llamaindex", "llama_index.core"), ("haystack", "haystack"))
+            if importlib.util.find_spec(mod.split(".")[0]) is not None and importlib.util.find_spec(mod) is not None]
+    if not have:
+        pytest.skip("none of langchain-core, llama-index-core, haystack-ai is installed")
+    out = run(index, *have)
+    assert set(out["surfaces"]) == set(have), out

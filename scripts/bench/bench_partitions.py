@@ -3,7 +3,7 @@ the chunks, what the partitioned build costs beside an unpartitioned one, and wh
 in-process shards (semsearch.shards, one partition each) answer as one process.
 
     python scripts/bench/bench_partitions.py [--chunks 1000000] [--shards 3] [--per-file 1000]
-        [--queries 200] [--keep DIR] [--no-baseline]
+        [--queries 200] [--keep DIR] [--no-baseline] [--compare-only]
 
 The corpus is bench_scale.py's synthetic one (Zipf words, clustered vectors, a stand-in encoder),
 written as JSONL files of --per-file records: a document is a file here (its records stay
@@ -96,11 +96,17 @@ def main() -> None:
     ap.add_argument("--queries", type=int, default=200)
     ap.add_argument("--keep", type=Path, default=Path("/tmp/semsearch-partitions"))
     ap.add_argument("--no-baseline", action="store_true")
+    ap.add_argument("--compare-only", action="store_true", help="only the comparison, over the partitioned index already built")
     a = ap.parse_args()
     print(f"CPU flags: {cpu_flags()}; {os.cpu_count()} cores; load average {os.getloadavg()[0]:.2f}", flush=True)
     corpus = a.keep / f"corpus-{a.chunks}-{a.per_file}"
     write_corpus(corpus, a.chunks, a.per_file)
     res: dict = {}
+    if a.compare_only:
+        res["partitioned"] = compare(a.keep / f"index-{a.shards}", a.shards, a.queries, a.chunks)
+        res["load average"] = round(os.getloadavg()[0], 2)
+        print(json.dumps(res, indent=1), flush=True)
+        return
     if not a.no_baseline:
         res["build, one partition"] = build(corpus, a.keep / "index-one", None)
         print(json.dumps(res), flush=True)

@@ -7,7 +7,9 @@ of new queries, then the same queries again, whose terms the router holds: `_aga
 
 The corpus and encoder are scripts/bench/synthetic.py's (Zipf words, clustered vectors; the router gets
 the same stand-in encoder). The index is written in --steps runs of `index`, so that it has several
-segments for the shards to own (segments are the unit a shard owns). Prints one JSON object.
+segments for the shards to own (without partitions, segments are the unit a shard owns); --index DIR
+serves an index already built from the same corpus (a partitioned one: a partition a shard). Prints
+one JSON object.
 
     python scripts/bench/bench_serve_ray.py --beir ../shared/data/beir/scifact --docs 1500 --queries 200 --explain 5
 
@@ -117,6 +119,8 @@ def main() -> None:
     ap.add_argument("--beir", type=Path, default=None, help="a BEIR dataset folder: its documents and queries, the real model")
     ap.add_argument("--docs", type=int, default=1500, help="with --beir: how many of its documents")
     ap.add_argument("--explain", type=int, default=0, metavar="K", help="also compare explain=true answers of the top K")
+    ap.add_argument("--index", type=Path, default=None,
+                    help="serve this index of the synthetic corpus instead of building one (e.g. bench_partitions.py's --shards 3 build)")
     a = ap.parse_args()
 
     import httpx
@@ -130,7 +134,9 @@ def main() -> None:
     from semsearch.service import Service
 
     t = time.perf_counter()
-    if a.beir is not None:
+    if a.index is not None:
+        folder, beir_queries = a.index, None
+    elif a.beir is not None:
         folder, beir_queries = build_beir(a.work, a.beir, a.docs, a.steps)
     else:
         folder, beir_queries = build(a.work, a.chunks, a.steps), None
@@ -142,6 +148,7 @@ def main() -> None:
     a.chunks = out["chunks"] = m.counts["chunks"]
     encoder_factory = None if a.beir is not None else make_encoder
     out["segments"] = len(m.segments)
+    out["partitions"] = m.shards
     out["index_type"] = m.index.get("type")
 
     one_port, ray_port = free_port(), free_port()

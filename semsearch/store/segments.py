@@ -576,10 +576,17 @@ class SegmentedVectors:
         return _merge(got, len(q), k)
 
     def search_filtered(self, queries: np.ndarray, k: int, allowed) -> tuple[np.ndarray, np.ndarray]:
-        """search() among the allowed ids (a Selection over global ids, deleted ones not in it)."""
+        """search() among the allowed ids (a Selection over global ids, deleted ones not in it).
+        An approximate segment that finds fewer than k of them (its probed lists hold few) is
+        searched exactly among its own allowed chunks: so each segment gives its best k, and the
+        answer is the same whichever shards the segments are spread over (shards.py)."""
         q = np.ascontiguousarray(queries, np.float32)
-        got = [r.search(q, k, allowed) if isinstance(r, _Small) else r.segment.vectors.search_filtered(q, k, allowed)
-               for r in self.runs()]
+        got = []
+        for r in self.runs():
+            if isinstance(r, _Small):
+                got.append(r.search(q, k, allowed))
+            else:
+                got.append(_exact_where_short(r, q, k, allowed, *r.segment.vectors.search_filtered(q, k, allowed)))
         return _merge(got, len(q), k)
 
     def reconstruct(self, ids: np.ndarray) -> np.ndarray | None:
@@ -685,6 +692,36 @@ class _Small:
         with one_omp_thread():
             s, rows = self.flat.search(q, k_, params=params)
         return s, np.where(rows >= 0, self.ids[rows.clip(0)], -1)
+
+
+def _exact_where_short(part: "Part", q: np.ndarray, k: int, allowed, scores: np.ndarray, ids: np.ndarray
+                       ) -> tuple[np.ndarray, np.ndarray]:
+    """A segment's filtered (scores, ids), with the queries for which it found fewer than k of its
+    allowed chunks answered exactly among them (from its stored vectors)."""
+    found = (ids >= 0).sum(1)
+    if (found >= k).all():
+        return scores, ids
+    lo, hi = part.lo, part.hi
+    cand = np.asarray(allowed.ids, np.int64)
+    cand = cand[(cand >= lo) & (cand <= hi)]
+    own = part.segment.ids
+    cand = cand[own[np.searchsorted(own, cand).clip(0, max(len(own) - 1, 0))] == cand] if len(own) else cand[:0]
+    short = found < min(k, len(cand))
+    if not short.any():
+        return scores, ids
+    vecs = part.segment.vectors.reconstruct(cand)
+    if vecs is None:
+        cand, vecs = part.segment.docs.get_vectors(cand)
+    s = np.asarray(q[short], np.float32) @ np.asarray(vecs, np.float32).T
+    es, ei = _top(s, np.broadcast_to(cand, s.shape), k)
+    width = max(k, scores.shape[1])
+    out_s = np.full((len(q), width), -np.inf, np.float32)
+    out_i = np.full((len(q), width), -1, np.int64)
+    out_s[:, : scores.shape[1]], out_i[:, : ids.shape[1]] = scores, ids
+    out_s[short] = -np.inf
+    out_i[short] = -1
+    out_s[short, : es.shape[1]], out_i[short, : ei.shape[1]] = es, ei
+    return out_s, out_i
 
 
 def _merge(got: list[tuple[np.ndarray, np.ndarray]], nq: int, k: int) -> tuple[np.ndarray, np.ndarray]:
