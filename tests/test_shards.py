@@ -524,3 +524,38 @@ def test_a_long_partitioned_run_ends_with_one_merge_a_partition(tmp_path, monkey
     assert sorted(by_part) == [0, 1, 2] and all(len(v) == 1 for v in by_part.values())
     assert sorted(p for _, p in merges) == [0, 1, 2] and all(n > 3 for n, _ in merges), merges  # the run's segments
     assert_same_index(tmp_path / "one", tmp_path / "parted")
+
+
+def test_a_segment_whose_filtered_search_finds_too_few_is_searched_exactly_within_itself(tmp_path, monkeypatch):
+    """An approximate segment's filtered search that finds fewer than k allowed chunks (its probed
+    lists hold few) is answered exactly among that segment's own allowed chunks, so the result is
+    each segment's best and does not depend on which shard holds which segment. Here every IVF
+    segment's filtered search is made to find only 2: the answer is still the exact top 10."""
+    from semsearch import filters
+    from semsearch.indexing import VectorSettings
+    from semsearch.store.vectors import VectorIndex
+
+    enc = FakeEncoder()
+    folder = tmp_path / "idx"
+    index_corpus(SAMPLE, folder, enc, progress=False, shards=3, vectors=VectorSettings(index_type="ivf"))
+    r = Retriever.load(folder, encoder=enc)
+    assert {e["index"]["type"] for e in r.manifest.segments} == {"ivf"}
+    real = VectorIndex.search_filtered
+
+    def finds_two(self, q, k, allowed):
+        s, i = real(self, q, k, allowed)
+        return s[:, :2], i[:, :2]
+
+    monkeypatch.setattr(VectorIndex, "search_filtered", finds_two)
+    g = r._gen
+    for where in ("path:*.md", {"$path": "*.csv"}, None):
+        allowed = filters.parse(where).select(g.docs) if where is not None else None
+        sel = allowed if allowed is not None else filters.parse("path:*").select(g.docs)
+        qv = enc.encode(QUERIES)
+        scores, ids = g.vectors.search_filtered(qv, 10, sel)
+        ids_all, vecs = g.docs.get_vectors(sel.ids)
+        exact = qv @ vecs.T
+        for q in range(len(QUERIES)):
+            want = np.lexsort((ids_all, -exact[q]))[:10]
+            assert ids[q].tolist() == ids_all[want].tolist(), (where, q)
+            assert np.allclose(scores[q], exact[q][want], atol=1e-5)

@@ -710,8 +710,8 @@ def _exact_where_short(part: "Part", q: np.ndarray, k: int, allowed, scores: np.
     if not short.any():
         return scores, ids
     vecs = part.segment.vectors.reconstruct(cand)
-    if vecs is None:
-        cand, vecs = part.segment.docs.get_vectors(cand)
+    if vecs is None:  # (an index that does not keep full vectors: its vector file has them)
+        cand, vecs = part.segment.vectors_of(cand)
     s = np.asarray(q[short], np.float32) @ np.asarray(vecs, np.float32).T
     es, ei = _top(s, np.broadcast_to(cand, s.shape), k)
     width = max(k, scores.shape[1])
