@@ -171,6 +171,8 @@ def serve_ray(index=None, host: str = "127.0.0.1", port: int = 8000, *, shards: 
     and it returns). A new local cluster on a loopback `host` binds its own ports (GCS, raylet,
     workers, replicas) to loopback too (local_cluster_on_loopback)."""
     address = ray_address or os.environ.get("RAY_ADDRESS") or None
+    if address is None:  # the HTTP proxy of a new local cluster listens here: a taken port fails now, clearly
+        _check_port(host, port)
     if address is None and _is_loopback(host):
         local_cluster_on_loopback()
     _require()
@@ -200,6 +202,23 @@ def serve_ray(index=None, host: str = "127.0.0.1", port: int = 8000, *, shards: 
         with contextlib.suppress(Exception):  # (a cluster that is already gone)
             serve.shutdown()
         ray.shutdown()
+
+
+def _check_port(host: str, port: int) -> None:
+    """An InputError naming --port where host:port cannot be listened on (Ray Serve's proxy would
+    fail only after the cluster started, ~20 s later, with a RuntimeError from inside Ray)."""
+    import socket
+
+    from semsearch.errors import InputError
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the proxy binds: a port in TIME_WAIT is free
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            raise InputError(f"--port {port}: cannot listen on {host}:{port} ({e.strerror or e}); "
+                             "another server may be using it") from e
 
 
 def _sigterm_stops(signum, frame) -> None:

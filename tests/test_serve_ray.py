@@ -5,6 +5,7 @@ while clients search and a writer publishes generations, one replica of each sha
 no answer mixing generations. The cluster listens on loopback only, and SIGTERM stops it cleanly."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -70,30 +71,26 @@ def cluster(tmp_path_factory):
     for j in range(3):
         upsert_documents(folder, [Document(f"note-{j}-{i}", f"Note {i}: {TOPICS[(i + j) % 5]}.", {"year": 2001 + i, "lang": "en"})
                                   for i in range(6)], enc)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env.update(HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO))
     log = (root / "serve.log").open("w+")
-    proc = subprocess.Popen([sys.executable, "-m", "semsearch.cli", "serve", "--index", str(folder), "--engine", "ray",
-                             "--shards", "3", "--replicas", "2", "--host", "127.0.0.1", "--port", str(port)],
-                            env=env, stdout=log, stderr=subprocess.STDOUT, cwd=root, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
+    proc = None
     try:
-        deadline = time.monotonic() + 400
-        while True:
-            assert proc.poll() is None, (root / "serve.log").read_text()[-3000:]
-            try:
-                if httpx.get(f"{url}/health", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, (root / "serve.log").read_text()[-3000:]
-            time.sleep(1)
+        for attempt in range(3):  # a port taken between the probe and Serve's bind: again, on another
+            port = _quiet_port()
+            log.seek(0)
+            log.truncate()
+            proc = subprocess.Popen([sys.executable, "-m", "semsearch.cli", "serve", "--index", str(folder), "--engine", "ray",
+                                     "--shards", "3", "--replicas", "2", "--host", "127.0.0.1", "--port", str(port)],
+                                    env=env, stdout=log, stderr=subprocess.STDOUT, cwd=root, start_new_session=True)
+            url = f"http://127.0.0.1:{port}"
+            if _healthy(proc, url, root / "serve.log", last=attempt == 2):
+                break
+            with contextlib.suppress(ProcessLookupError):  # what the failed start left of its cluster
+                os.killpg(proc.pid, signal.SIGKILL)
         yield Served(folder, url, enc, proc, root / "serve.log")
     finally:
-        if proc.poll() is None:  # a check failed before SIGTERM: stop it as a user would, then for good
+        if proc is not None and proc.poll() is None:  # a check failed before SIGTERM: stop it as a user would, then for good
             proc.send_signal(signal.SIGTERM)
             try:
                 proc.wait(timeout=90)
@@ -101,6 +98,41 @@ def cluster(tmp_path_factory):
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
         log.close()
+
+
+def _quiet_port() -> int:
+    """A free loopback port below the kernel's ephemeral range and above Ray's worker ports
+    (10002-19999 by default): the server starts a whole Ray cluster, whose processes bind ports of
+    their own, between this probe and Serve's bind (a port from bind(0) was once taken by then)."""
+    import random
+
+    for _ in range(200):
+        port = random.randint(20000, 32000)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in 20000-32000")
+
+
+def _healthy(proc: subprocess.Popen, url: str, log: Path, last: bool) -> bool:
+    """Wait for the server's /health: True once it answers; False where it exited for want of its
+    port (unless `last`); any other exit, or no answer in 400 s, fails with its log."""
+    deadline = time.monotonic() + 400
+    while True:
+        if proc.poll() is not None:
+            out = log.read_text()
+            assert not last and "Failed to bind" in out, out[-3000:]
+            return False
+        try:
+            if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                return True
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(1)
 
 
 def three_shards_answer_as_one_process(cluster):
@@ -223,6 +255,23 @@ def killing_a_replica_of_each_shard_under_load_loses_nothing(cluster):
     assert len(killed) == 3 and len(written) >= 3 and all(ok for _, ok in seen)
     gens = [g for g, _ in seen]
     assert gens == sorted(gens)  # the writer's own reads see its generations in order
+
+
+def test_a_taken_port_is_a_clear_error_before_any_cluster_starts(tmp_path):
+    """`serve --engine ray --port P` where P is taken: exit status 1 and a message naming --port,
+    at once (Ray Serve's proxy failed ~20 s later, after the cluster started, with a traceback)."""
+    from click.testing import CliRunner
+
+    from semsearch.cli import main
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        t = time.monotonic()
+        res = CliRunner().invoke(main, ["serve", "--index", str(tmp_path), "--engine", "ray", "--port", str(port)])
+    assert res.exit_code == 1 and f"--port {port}: cannot listen on 127.0.0.1:{port}" in res.output, res.output
+    assert "Traceback" not in res.output and time.monotonic() - t < 30 and not ray.is_initialized()
 
 
 def test_a_shard_without_live_replicas_is_a_clear_error(monkeypatch):
