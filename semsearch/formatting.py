@@ -85,9 +85,17 @@ def _segments(m) -> str:
     dead = sum(e["rows"] - e["live"] for e in m.segments)
     shown = ", ".join(map(str, live[:8])) + (", ..." if len(live) > 8 else "")
     older = sum(1 for e in m.segments if not e.get("vecs") and e["rows"])
+    shards = int(getattr(m, "shards", 1) or 1)
+    if shards > 1:  # partitioned by document (store/partition.py): compact leaves one segment a partition
+        per = [sum(e["live"] for e in m.segments if e.get("part") == p) for p in range(shards)]
+        shares = ", ".join(f"{100 * x / max(sum(live), 1):.0f}%" for x in per)
+        merge = (f"; in {shards} partitions by document ({shares} of the chunks; `serve --shards {shards}` gives each "
+                 "shard one)" + ("; `semsearch compact` merges each partition's" if len(live) > shards else ""))
+    else:
+        merge = "; `semsearch compact` merges them" if len(live) > 1 else "; `semsearch compact` rewrites it" if older else ""
     return (f"{len(live)} ({shown} live chunks" + (f"; {dead} deleted, not yet merged away" if dead else "") + ")"
             + (f"; {older} written before format 4 (a second copy of their vectors in their docstores)" if older else "")
-            + ("; `semsearch compact` merges them" if len(live) > 1 else "; `semsearch compact` rewrites it" if older else ""))
+            + merge)
 
 
 def eval_report(report: dict) -> str:

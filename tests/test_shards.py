@@ -505,6 +505,12 @@ def test_index_shards_builds_partitions_that_writes_keep_and_numbers_that_differ
     out = compact(folder)
     assert out["shards"] == 3 and out["segments"] == 3
     _parts_hold_their_documents(folder, 3)
+    from click.testing import CliRunner
+
+    from semsearch.cli import main
+
+    res = CliRunner().invoke(main, ["info", "--index", str(folder)])
+    assert res.exit_code == 0 and "in 3 partitions by document (" in res.output and "compact` merges them" not in res.output
 
 
 def test_a_long_partitioned_run_ends_with_one_merge_a_partition(tmp_path, monkeypatch):
