@@ -93,6 +93,7 @@ class Checker:
         self.problems: list[str] = []
         self.done = 0
         self.labels = 0
+        self.labels_by: dict[str, int] = {}  # labelled answers checked against their state, by surface
         self.labelled: list[tuple] = []
         self.by_surface: dict[str, int] = {}  # checked calls of each surface
         self.lock = threading.Lock()
@@ -125,6 +126,7 @@ class Checker:
                 continue
             want = refs[1] if present(result.generation) else refs[0]
             self.labels += 1
+            self.labels_by[surface] = self.labels_by.get(surface, 0) + 1
             if not same(result, want):
                 self.problems.append(f"{surface} {call!r}: generation {result.generation} gave {result}, the state "
                                      f"{'with' if present(result.generation) else 'without'} the document is {want}")
@@ -388,28 +390,26 @@ def writer(folder, stop: threading.Event, checker: Checker, counts: dict) -> Non
     from semsearch.documents import Document, delete_documents, upsert_documents
     from semsearch.encoder import Encoder
 
-    if MCP_WRITE:
-        while not stop.is_set():
-            for present in (True, False):
-                try:
-                    record_write(folder, present, lambda: MCP_WRITE[0](present))
-                except Exception as e:  # noqa: BLE001 - reported
-                    checker.error("writer", None, e)
-                    return
-                wrote(counts)
-        return
-    if HTTP_URL:
+    if MCP_WRITE or HTTP_URL:
+        # Through the servers: with both, the upsert goes through HTTP and the delete through MCP's
+        # tool, two services of one process writing one index in turn under both servers' readers.
         import httpx
 
-        with httpx.Client(base_url=HTTP_URL[0], timeout=60, headers=_auth()) as c:
-            doc = {"id": EXTRA_ID, "text": EXTRA_TEXT, "metadata": {"year": 2015, "lang": "de"}}
+        doc = {"id": EXTRA_ID, "text": EXTRA_TEXT, "metadata": {"year": 2015, "lang": "de"}}
+        with httpx.Client(base_url=HTTP_URL[0] if HTTP_URL else "http://unused", timeout=60, headers=_auth()) as c:
+
+            def over_http(present: bool) -> None:
+                r = c.post("/documents", json={"documents": [doc]}) if present else c.delete(f"/documents/{EXTRA_ID}")
+                if r.status_code != 200:
+                    raise RuntimeError(f"HTTP {r.status_code}: {r.text[:300]}")
+
+            ways = {True: over_http if HTTP_URL else MCP_WRITE[0], False: MCP_WRITE[0] if MCP_WRITE else over_http}
             while not stop.is_set():
                 for present in (True, False):
-                    out = []
-                    record_write(folder, present, lambda: out.append(
-                        c.post("/documents", json={"documents": [doc]}) if present else c.delete(f"/documents/{EXTRA_ID}")))
-                    if out[0].status_code != 200:
-                        checker.error("writer", None, RuntimeError(f"HTTP {out[0].status_code}: {out[0].text[:300]}"))
+                    try:
+                        record_write(folder, present, lambda: ways[present](present))
+                    except Exception as e:  # noqa: BLE001 - reported
+                        checker.error("writer", None, e)
                         return
                     wrote(counts)
         return
@@ -560,7 +560,8 @@ def main() -> None:
     w.join(timeout=120)
     checker.check_labels()
     print(json.dumps({"problems": checker.problems[:20], "n_problems": len(checker.problems),
-                      "calls": checker.done, "labelled": checker.labels, "writes": counts["writes"],
+                      "calls": checker.done, "labelled": checker.labels,
+                      "labelled_by": checker.labels_by, "writes": counts["writes"],
                       "surfaces": sorted(checker.by_surface)}))
 
 
