@@ -33,6 +33,7 @@ from semsearch.store.manifest import Manifest
 
 log = logging.getLogger(__name__)
 
+AHEAD_SAMPLE = 200_000  # vectors a quantizer trained beside a long run takes (VectorIndex.build's sample)
 SEGMENT_CHUNKS = 250_000  # a local run publishes a segment each time it has written this many new chunks
 
 
@@ -356,6 +357,7 @@ class _Run:
         self.writer = IndexWriter(folder, encoder.out_dim, base)
         self.cache = None
         self.rolls = 0  # segments this run published as it went (roll)
+        self.ahead: _Ahead | None = None  # the final merge's quantizer, trained beside the run (train_ahead)
 
     def manifest_for(self, w: IndexWriter, entry: dict) -> Manifest:
         """The manifest of the run's settings for what `w` holds, with `entry` as its new segment's index."""
@@ -385,9 +387,10 @@ class _Run:
         _keep_storage(entry, vs, base)  # the run's segments are stored as its end's will be
         return entry
 
-    def roll(self, w: IndexWriter) -> IndexWriter:
+    def roll(self, w: IndexWriter, done: float = 0.0) -> IndexWriter:
         """Publish w's new segment as it is (flat: the run's segments are merged, and indexed as
-        their size asks, at its end) and go on with a new writer."""
+        their size asks, at its end) and go on with a new writer. `done`: the fraction of the
+        run's bytes read, from which the run's size is foreseen (train_ahead)."""
         t0 = time.perf_counter()
         m = self.manifest_for(w, self._flat_entry(w))
         m.last_run = {k: v for k, v in self.report.as_dict().items() if k not in ("totals", "index")}
@@ -397,7 +400,10 @@ class _Run:
         if self.cache is not None:  # its files are published: a run resumed after this one skips them
             self.cache.forget()
         log.info("published %d chunks so far as a segment (%.1f s)", m.counts["chunks"], time.perf_counter() - t0)
-        self.writer = IndexWriter(self.folder, self.encoder.out_dim, Manifest.load(self.folder))
+        published = Manifest.load(self.folder)
+        self.writer = IndexWriter(self.folder, self.encoder.out_dim, published)
+        if self.ahead is None:
+            self.ahead = train_ahead(self.folder, published, self.rolls, done)
         return self.writer
 
     def start(self) -> str | None:
@@ -447,7 +453,8 @@ class _Run:
         self.report.seconds = time.perf_counter() - t0
         manifest.last_run = {k: v for k, v in self.report.as_dict().items() if k not in ("totals", "index")}
         manifest.last_run["at"] = now()
-        writer.commit(manifest, merge="run")  # the segments this run published as it went become one
+        trained = self.ahead.result() if self.ahead is not None else None
+        writer.commit(manifest, merge="run", trained=trained)  # the segments this run published as it went become one
 
     def abort(self) -> None:
         """After a failure: keep the resume cache (the next run takes the vectors embedded so far
@@ -455,6 +462,59 @@ class _Run:
         if self.cache is not None:
             self.cache.close()
         self.writer.abort()
+
+
+class _Ahead:
+    """A vector index's quantizer trained in a thread beside the build (train_ahead)."""
+
+    def __init__(self, work):
+        pool = ThreadPoolExecutor(1, thread_name_prefix="semsearch-quantizer")
+        self._future: Future = pool.submit(work)
+        pool.shutdown(wait=False)
+
+    def result(self):
+        """The trained index, or None where training failed (the final merge then trains its own)."""
+        try:
+            return self._future.result()
+        except Exception as e:  # noqa: BLE001 - an optimisation only: the merge does what it did before
+            log.warning("training the vector index beside the build failed (%s); the final merge trains it", e)
+            return None
+
+
+def train_ahead(folder: Path, published: Manifest, rolls: int, done: float) -> _Ahead | None:
+    """Train, in a thread beside a long run, the quantizer of the vector index its final merge
+    will build, on a sample of the segments it has published, once they hold the sample it needs.
+
+    The final merge of a 1M-chunk build trained its IVF quantizer on 200k of its vectors first
+    (k-means: ~55 s of its ~165 s, both cores), after the stream had ended; the stream leaves
+    part of a core idle meanwhile. The run's size is foreseen from the bytes read so far
+    (`done`); the merge takes the index only where its type and list count still fit the size
+    the run ended at (merge.fits), else trains as before. faiss releases the interpreter's lock
+    while it trains, and runs one OpenMP thread here, so the stream keeps its cores' share."""
+    from semsearch.store import merge as merge_
+    from semsearch.store.vecfile import Sampled, VectorFile
+    from semsearch.store.vectors import IVF_TYPES, VectorIndex, default_nlist, one_omp_thread
+
+    mine = published.segments[-rolls:] if rolls else []
+    have = sum(e["live"] for e in mine)
+    if not mine or done <= 0 or int(getattr(published, "shards", 1) or 1) > 1:
+        return None
+    n = int(have / min(done, 1.0))
+    kind = merge_.segment_type(merge_._requested(published), n, published.dim)
+    if kind not in IVF_TYPES or have < max(AHEAD_SAMPLE, 39 * default_nlist(n)) or n <= have:
+        return None  # flat at the end, a sample not there yet, or nothing left to read
+    params = {k: v for k, v in ((published.index or {}).get("params") or {}).items() if k == "k_factor"}
+    files = [VectorFile(folder / e["vecs"]) for e in mine]
+
+    def work():
+        with one_omp_thread():
+            t = time.perf_counter()
+            vi = VectorIndex.trained(published.dim, kind, n, Sampled(files), params, train_sample=AHEAD_SAMPLE)
+            log.info("trained the %s quantizer for ~%d chunks beside the build (%.1f s)", kind, n, time.perf_counter() - t)
+            return vi
+
+    log.info("training the vector index's quantizer for ~%d chunks beside the build", n)
+    return _Ahead(work)
 
 
 def _nothing_to_do(folder: Path, base: Manifest, files, root: Path, encoder, vectors: VectorSettings | None,
@@ -520,9 +580,9 @@ def _check_head_corpus(head: str, writer: IndexWriter, force: bool) -> None:
 
 def _update(writer, files, root, encoder, chunking, read, report, progress, flush_chunks, keep_states,
             cache=None, checksum: bool = False, roll=None, segment_chunks: int = 0) -> None:
-    """Walked files into the writer's new segment. `roll(writer) -> writer` publishes what is
-    written so far and gives the writer to go on with, called between files once the new
-    segment holds `segment_chunks` chunks."""
+    """Walked files into the writer's new segment. `roll(writer, done) -> writer` publishes what
+    is written so far and gives the writer to go on with, called between files once the new
+    segment holds `segment_chunks` chunks (`done`: the fraction of the bytes to read read so far)."""
     stored = writer.docs.files()
     seen: set[str] = set()
     up = _Updating(writer, encoder, chunking, read, report, flush_chunks, keep_states, cache)
@@ -539,6 +599,7 @@ def _add_files(up, files, stored, seen, root, report, progress, checksum, roll, 
     bar = progress_bar(sum(f.size for f in files), "indexing", "B", progress, unit_scale=True)
     trusted = {str(f.path) for f in files if _trusted(stored.get(str(f.path)), f, checksum)}
     up.read_ahead([f for f in files if str(f.path) not in trusted], stored)
+    to_read, read = sum(f.size for f in files if str(f.path) not in trusted), 0
     for at, f in enumerate(files):
         key = str(f.path)
         seen.add(key)
@@ -547,12 +608,13 @@ def _add_files(up, files, stored, seen, root, report, progress, checksum, roll, 
             report.unchanged += 1  # same size, times and inode (as git checks): trust it without hashing
             bar.update(f.size)
             continue
+        read += f.size
         if not up.add_file(f, old, bar):
             continue
         if roll is not None and up.written + len(up.pending) >= segment_chunks and at < len(files) - 1:
             # (after the last file the run's end publishes, and merges, what is written)
             up.flush(wait=True)  # a file's chunks and its record stay in one segment: publish between files
-            up.rolled(roll(up.writer))
+            up.rolled(roll(up.writer, read / max(to_read, 1)))
     up.flush(wait=True)
     bar.close()
     drop_gone(up.writer, stored, seen, root, report)  # files under this corpus root that are gone

@@ -377,8 +377,8 @@ ROLL_KILL = textwrap.dedent("""
     from semsearch.indexing import index_corpus
     from semsearch.store import folder
     real, n = folder.IndexWriter.commit, [0]
-    def commit(self, manifest, merge="auto", rolled=False):
-        real(self, manifest, merge, rolled)
+    def commit(self, manifest, merge="auto", rolled=False, **kw):
+        real(self, manifest, merge, rolled, **kw)
         n[0] += 1
         if n[0] == 2:
             os.kill(os.getpid(), signal.SIGKILL)  # after two segments were published
@@ -420,13 +420,13 @@ def test_a_long_run_keeps_one_segment_of_vectors_in_its_resume_cache(tmp_path, f
     src = _corpus(tmp_path / "c")
     real, held = folder_.IndexWriter.commit, []
 
-    def commit(self, manifest, merge="auto", rolled=False):
+    def commit(self, manifest, merge="auto", rolled=False, **kw):
         path = self.folder / "resume.sqlite"
         if path.exists():
             db = sqlite3.connect(path)
             held.append((db.execute("SELECT COUNT(*) FROM vectors").fetchone()[0], self.docs.new.counts()["chunks"]))
             db.close()
-        return real(self, manifest, merge, rolled)
+        return real(self, manifest, merge, rolled, **kw)
 
     monkeypatch.setattr(folder_.IndexWriter, "commit", commit)
     index_corpus(src, tmp_path / "idx", fake_encoder, progress=False, segment_chunks=5)

@@ -354,13 +354,14 @@ class IndexWriter:
             self.new_vecs.add(ids, vecs)
             self.vectors.add(ids, vecs)
 
-    def commit(self, manifest: Manifest, merge: str = "auto", rolled: bool = False) -> None:
+    def commit(self, manifest: Manifest, merge: str = "auto", rolled: bool = False, trained=None) -> None:
         """Publish: the new segment, changed tombstones, merges ('auto': as the merge policy asks;
         'all': every segment into one; 'run': first the segments a long run published as it went
         (`rolled` ones, the tail of the list) with this one, then as 'auto'; 'none'), then
         manifest.json in one rename. `rolled`: this commit is one of those. `manifest`
         carries the settings; its segments, counts, ids and generation are filled here, and its
-        `index` entry is taken as the new segment's (finalize_vectors)."""
+        `index` entry is taken as the new segment's (finalize_vectors). `trained`: for 'run', a
+        vector index whose quantizer the run trained ahead (merge.build_vectors)."""
         from semsearch.store import merge as merge_
 
         self._states.finish()
@@ -380,10 +381,12 @@ class IndexWriter:
         shards = int(getattr(manifest, "shards", 1) or 1)
         if merge != "none" and shards > 1:  # partitioned by document (store/partition.py)
             entries, next_segment = merge_.apply_parted(self.folder, entries, self.dim, manifest, next_segment, shards,
-                                                        everything=merge == "all", tail=self._run_tail(entries) if merge == "run" else 0)
+                                                        everything=merge == "all", tail=self._run_tail(entries) if merge == "run" else 0,
+                                                 trained=trained if merge == "run" else None)
         elif merge != "none":
             entries, next_segment = merge_.apply(self.folder, entries, self.dim, manifest, next_segment,
-                                                 everything=merge == "all", tail=self._run_tail(entries) if merge == "run" else 0)
+                                                 everything=merge == "all", tail=self._run_tail(entries) if merge == "run" else 0,
+                                                 trained=trained if merge == "run" else None)
         fsync_dir(self.folder)  # the data files' names are durable before the manifest names them
         manifest.segments = entries
         manifest.next_ids = {"chunk": next_chunk, "file": next_file, "segment": next_segment}

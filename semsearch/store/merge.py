@@ -32,7 +32,8 @@ from semsearch.store.docstore import DocStore
 from semsearch.store.files import fsync_file
 from semsearch.store.segments import Tombstones, segment_entry
 from semsearch.store.vecfile import VectorFile
-from semsearch.store.vectors import IVF_TYPES, VectorIndex, bytes_per_vector, choose_type, exact_knn, resolve_index_device, tune
+from semsearch.store.vectors import (IVF_TYPES, VectorIndex, bytes_per_vector, choose_type, default_nlist, exact_knn,
+                                     resolve_index_device, tune)
 
 log = logging.getLogger(__name__)
 
@@ -92,14 +93,15 @@ def plan(entries: list[dict], everything: bool = False, stale=None) -> list[tupl
 
 
 def apply(folder: Path, entries: list[dict], dim: int, manifest, next_segment: int,
-          everything: bool = False, tail: int = 0) -> tuple[list[dict], int]:
+          everything: bool = False, tail: int = 0, trained: VectorIndex | None = None) -> tuple[list[dict], int]:
     """The entries after the merges the policy asks for (each merged segment written and
     fsynced); gives back (entries, next free segment id). `tail`: first merge the last `tail`
-    entries into one (the segments a long run published as it went)."""
+    entries into one (the segments a long run published as it went; `trained`: the quantizer
+    the run trained for it, if any)."""
     if (tail > 1 or (tail == 1 and _outgrew_flat(entries[-1], manifest, dim))) and not everything:
         # (one published segment alone: a run that published one, then found the rest unchanged;
         # published flat, it is rewritten with the index its size asks for)
-        merged = merge(Path(folder), entries[-tail:], next_segment, dim, manifest)
+        merged = merge(Path(folder), entries[-tail:], next_segment, dim, manifest, trained=trained)
         log.info("merged the run's %d segments into segment %d (%d chunks)", tail, next_segment, merged["live"])
         entries, next_segment = entries[:-tail] + [merged], next_segment + 1
     want = (getattr(manifest, "index", None) or {}).get("storage") or "fp32"
@@ -231,10 +233,11 @@ def copy_live(dst: sqlite3.Connection, src: Path, dead: Tombstones, terms: bool 
 
 
 def merge(folder: Path, group: list[dict], seg_id: int, dim: int, manifest, deads_given: list[Tombstones] | None = None,
-          part: int | None = None) -> dict:
+          part: int | None = None, trained: VectorIndex | None = None) -> dict:
     """One segment holding the live rows of the group's segments: written, indexed, fsynced;
     gives back its manifest entry. `deads_given`: each segment's tombstones to apply instead of
-    its own (a split: its own plus the other partitions' rows); `part`: the partition it holds."""
+    its own (a split: its own plus the other partitions' rows); `part`: the partition it holds;
+    `trained`: a quantizer trained ahead, for build_vectors."""
     docs_file, vectors_file = f"docs.{seg_id}.sqlite", f"vectors.{seg_id}.faiss"
     store = DocStore(folder / docs_file, unpublished=True)  # fsynced before the manifest names it
     steps = _Steps(seg_id)
@@ -258,7 +261,8 @@ def merge(folder: Path, group: list[dict], seg_id: int, dim: int, manifest, dead
         steps.done("vectors copied")
         requested = _requested(manifest)
         target = (index.get("recall") or {}).get("target", 0.95)
-        vi, entry = build_vectors(vecs, dim, requested, counts["chunks"], target, params=index.get("params"))
+        vi, entry = build_vectors(vecs, dim, requested, counts["chunks"], target, params=index.get("params"),
+                                  trained=trained)
         steps.done("vector index built and tuned")
         order_by_lists(folder / vecfile.file_name(seg_id), vi)
         steps.done("vectors ordered by list")
@@ -359,12 +363,14 @@ def segment_type(requested: str, n: int, dim: int, max_bytes_per_vector: int | N
 def build_vectors(vecs, dim: int, requested: str, n: int, target: float, params: dict | None = None,
                   k: int = 10, sample: int = 500, tune_queries: np.ndarray | None = None, device: str = "cpu",
                   max_bytes_per_vector: int | None = None, current: VectorIndex | None = None,
-                  trained_on: int = 0) -> tuple[VectorIndex, dict[str, Any]]:
+                  trained_on: int = 0, trained: VectorIndex | None = None) -> tuple[VectorIndex, dict[str, Any]]:
     """The vector index of a segment's vectors `vecs` (n of them: its vector file, or the rows a
     writer holds; store/vecfile.py) and its manifest entry: the type for its size; `current`
     (the index filled while writing) is kept where it is that type and needs no retraining; the
-    search knob is tuned to recall `target` at k. Reads the vectors in batches: memory holds the
-    index, the training sample and one batch."""
+    search knob is tuned to recall `target` at k. `trained`: an empty index whose quantizer a long
+    run trained beside its build (indexing._Run), filled instead of training one here where it
+    is the type and about the size this segment asks for. Reads the vectors in batches: memory
+    holds the index, the training sample and one batch."""
     with vecs.sweeping():  # a file no reader has yet: its scattered reads by pread, its pages let go of
         t0 = time.perf_counter()
         kind = segment_type(requested, n, dim, max_bytes_per_vector)
@@ -373,7 +379,11 @@ def build_vectors(vecs, dim: int, requested: str, n: int, target: float, params:
         if rebuild:
             keep = ({k_: v for k_, v in (params or {}).items() if k_ in ("M", "efConstruction", "k_factor")}
                     if vi is None or vi.kind == kind else {})
-            vi = VectorIndex.build(dim, kind, vecs, n, keep, device=resolve_index_device(device))
+            if fits(trained, kind, n):
+                vi = trained.fill(vecs)
+                log.info("the vector index: a quantizer trained beside the build, %d vectors added", n)
+            else:
+                vi = VectorIndex.build(dim, kind, vecs, n, keep, device=resolve_index_device(device))
             trained_on = n
         entry: dict[str, Any] = {"type": kind, "params": vi.params, "trained_on": trained_on,
                                  "bytes_per_vector": bytes_per_vector(kind, dim), "built_on": vi.built_on}
@@ -389,6 +399,18 @@ def build_vectors(vecs, dim: int, requested: str, n: int, target: float, params:
             entry["params"] = vi.params
         entry["build_seconds"] = round(time.perf_counter() - t0, 2)
         return vi, entry
+
+
+def fits(trained: VectorIndex | None, kind: str, n: int) -> bool:
+    """Whether an index trained ahead (its quantizer only) serves a segment of n vectors of type
+    kind: the same type, its list count within a factor 2 of what n asks for (default_nlist), and
+    empty (nothing added yet)."""
+    if trained is None or trained.kind != kind or trained.ntotal:
+        return False
+    if kind not in IVF_TYPES:
+        return False
+    ratio = int(trained.params.get("nlist", 0)) / default_nlist(n)
+    return 0.5 <= ratio <= 2.0
 
 
 def summary(entries: list[dict], new_index: dict) -> dict[str, Any]:

@@ -406,6 +406,26 @@ class VectorFile:
         unmap_pages(self._map)
 
 
+class Sampled:
+    """Several vector files sampled as one, each giving its share of a sample by its size: the
+    published segments of a long run, on which its vector index's quantizer is trained while the
+    run goes on (indexing._Run). Only what VectorIndex.trained() asks of a store."""
+
+    def __init__(self, files: list[VectorFile]):
+        self.files = files
+
+    def __len__(self) -> int:
+        return sum(len(f) for f in self.files)
+
+    def sample(self, n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        total = len(self)
+        shares = [len(f) * min(n, total) // max(total, 1) for f in self.files]
+        got = [f.sample(m, seed + i) for i, (f, m) in enumerate(zip(self.files, shares)) if m]
+        if not got:
+            return np.zeros(0, np.int64), np.zeros((0, self.files[0].dim if self.files else 0), np.float32)
+        return np.concatenate([g[0] for g in got]), np.concatenate([g[1] for g in got])
+
+
 class MemoryVectors:
     """The same interface over arrays in memory: a segment being written, before its file exists."""
 

@@ -334,23 +334,41 @@ class VectorIndex:
     @classmethod
     def _build(cls, dim: int, kind: str, batches, n: int, params: dict[str, Any], train_sample: int, seed: int,
                device: str) -> "VectorIndex":
-        vi = cls.create(dim, kind, dict(params), device)
         store = batches if isinstance(batches, (VectorFile, MemoryVectors)) else None
-        if store is not None and vi.external_refine:
-            vi.refine = store  # re-ranking reads the store itself: no second copy
+        vi = cls.trained(dim, kind, n, store, params, train_sample, seed, device)
+        return vi.fill(store if store is not None else batches)
+
+    @classmethod
+    def trained(cls, dim: int, kind: str, n: int, store, params: dict[str, Any] | None = None,
+                train_sample: int = 200_000, seed: int = 0, device: str = "cpu") -> "VectorIndex":
+        """An empty index of kind for n vectors, its IVF quantizer trained on a sample of `store`
+        (anything with sample(m, seed) -> (ids, vectors): a vector file, rows in memory, or
+        several files, vecfile.Sampled). fill() adds the vectors."""
+        params = dict(params or {})
+        if kind in IVF_TYPES:
+            params.setdefault("nlist", default_nlist(n))
+        vi = cls.create(dim, kind, params, device)
         if kind in IVF_TYPES:  # at least the ~39 points a list faiss's k-means asks for (1.6 M at 40k lists)
             need = max(train_sample, 39 * int(vi.params.get("nlist", 1)))
             vi.train(store.sample(need, seed)[1], gpu=device == "cuda")
-        if vi.device == "cuda":
-            vi._searcher()  # adds go to the GPU mirror (or the CPU, where the copy failed)
-        if vi.device == "cuda":
-            vi.built_on = "cuda"
-        elif device == "cuda" and kind in IVF_TYPES:
-            vi.built_on = "cpu, k-means on cuda"
-        for ids, vecs in (store.iter(65536) if store is not None else batches):
-            vi.add(ids, vecs, refine=store is None)
-        vi.apply_params()
+        if device == "cuda" and kind in IVF_TYPES:
+            vi.built_on = "cpu, k-means on cuda"  # fill() says "cuda" where the vectors go there too
         return vi
+
+    def fill(self, batches) -> "VectorIndex":
+        """Add every vector of `batches` (an iterator of (ids, vectors), or a vector store, read in
+        batches) to this trained index; an ivf-fastscan index re-ranks against the store itself."""
+        store = batches if isinstance(batches, (VectorFile, MemoryVectors)) else None
+        if store is not None and self.external_refine:
+            self.refine = store  # re-ranking reads the store itself: no second copy
+        if self.device == "cuda":
+            self._searcher()  # adds go to the GPU mirror (or the CPU, where the copy failed)
+        if self.device == "cuda":
+            self.built_on = "cuda"
+        for ids, vecs in (store.iter(65536) if store is not None else batches):
+            self.add(ids, vecs, refine=store is None)
+        self.apply_params()
+        return self
 
     def train(self, sample: np.ndarray, gpu: bool = False) -> None:
         """Train the IVF coarse quantizer (k-means on a GPU where gpu is true)."""
