@@ -338,3 +338,25 @@ def test_a_run_that_changes_nothing_publishes_nothing(tmp_path, fake_encoder):
     (corpus / "meteor_showers.txt").unlink()
     rep = index_corpus(corpus, folder, fake_encoder, progress=False)
     assert rep.removed == 1 and Manifest.load(folder).generation == before.generation + 2
+
+
+@pytest.mark.parametrize("batch", [3, 64, 1000])
+def test_exact_knn_equals_a_full_sort_and_leaves_each_query_out(batch):
+    """The recall tuning's ground truth (faiss's exact kernel a batch, top k+1 merged) equals
+    sorting every score, with each query's own id left out; batches smaller than k too."""
+    from semsearch.store.vectors import exact_knn
+
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((700, 24)).astype(np.float32)
+    ids = rng.permutation(np.arange(5000, 5700)).astype(np.int64)
+    pick = rng.choice(700, 40, replace=False)
+    q, self_ids = x[pick], ids[pick]
+    got = exact_knn(q, ((ids[a:a + batch], x[a:a + batch]) for a in range(0, 700, batch)), 10, self_ids)
+    scores = q @ x.T
+    scores[np.arange(40), pick] = -np.inf
+    want = ids[np.argsort(-scores, axis=1, kind="stable")[:, :10]]
+    assert got.shape == (40, 10)
+    assert (got == want).mean() > 0.99  # (a tie between two scores may order them either way)
+    assert not (got == self_ids[:, None]).any()
+    plain = exact_knn(q, iter([(ids, x)]), 5)  # no one left out: each query finds itself first
+    assert (plain[:, 0] == self_ids).all()
