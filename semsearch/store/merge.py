@@ -104,16 +104,22 @@ def apply(folder: Path, entries: list[dict], dim: int, manifest, next_segment: i
         merged = merge(Path(folder), entries[-tail:], next_segment, dim, manifest, trained=trained)
         log.info("merged the run's %d segments into segment %d (%d chunks)", tail, next_segment, merged["live"])
         entries, next_segment = entries[:-tail] + [merged], next_segment + 1
+    out, next_segment = _run_plan(Path(folder), entries, dim, manifest, next_segment, everything, _stale(folder, manifest))
+    return [e for e in out if e["live"] > 0 or e["files"] > 0], next_segment
+
+
+def _stale(folder: Path, manifest):
+    """stale(entry) for plan(): whether a segment has an older format's files, or vectors stored
+    otherwise than the manifest asks (fp16 / fp32, an ivf-fastscan file not in list order)."""
     want = (getattr(manifest, "index", None) or {}).get("storage") or "fp32"
 
-    def stale(e: dict) -> bool:  # an older format's files, or vectors stored otherwise than asked
+    def stale(e: dict) -> bool:
         if not e.get("vecs") or not e.get("postings"):
             return True
         vf = VectorFile(Path(folder) / e["vecs"])
         return vf.storage != want or ((e.get("index") or {}).get("type") == "ivf-fastscan" and not vf.ordered)
 
-    out, next_segment = _run_plan(Path(folder), entries, dim, manifest, next_segment, everything, stale)
-    return [e for e in out if e["live"] > 0 or e["files"] > 0], next_segment
+    return stale
 
 
 def _run_plan(folder: Path, entries: list[dict], dim: int, manifest, next_segment: int, everything: bool, stale,
@@ -152,14 +158,7 @@ def apply_parted(folder: Path, entries: list[dict], dim: int, manifest, next_seg
             pieces += got
     got, next_segment = _split(folder, entries[cut:], dim, manifest, next_segment, n)
     pieces += got
-    want = (getattr(manifest, "index", None) or {}).get("storage") or "fp32"
-
-    def stale(e: dict) -> bool:
-        if not e.get("vecs") or not e.get("postings"):
-            return True
-        vf = VectorFile(folder / e["vecs"])
-        return vf.storage != want or ((e.get("index") or {}).get("type") == "ivf-fastscan" and not vf.ordered)
-
+    stale = _stale(folder, manifest)
     out: list[dict] = []
     for p in sorted({int(e["part"]) for e in pieces}):
         block = partition.order([e for e in pieces if e["part"] == p])
