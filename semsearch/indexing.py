@@ -486,8 +486,8 @@ def train_ahead(folder: Path, published: Manifest, rolls: int, done: float) -> _
     will build, on a sample of the segments it has published, once they hold the sample it needs.
 
     The final merge of a 1M-chunk build trained its IVF quantizer on 200k of its vectors first
-    (k-means: ~55 s of its ~165 s, both cores), after the stream had ended; the stream leaves
-    part of a core idle meanwhile. The run's size is foreseen from the bytes read so far
+    (k-means: ~55 s of its ~150 s, both cores), after the stream had ended; trained beside the
+    stream (129 s on one thread) it delayed the stream by ~3.5 s (docs/benchmarks.md). The run's size is foreseen from the bytes read so far
     (`done`); the merge takes the index only where its type and list count still fit the size
     the run ended at (merge.fits), else trains as before. faiss releases the interpreter's lock
     while it trains, and runs one OpenMP thread here, so the stream keeps its cores' share."""
