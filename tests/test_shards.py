@@ -539,6 +539,18 @@ def test_a_long_partitioned_run_ends_with_one_merge_a_partition(tmp_path, monkey
     assert sorted(by_part) == [0, 1, 2] and all(len(v) == 1 for v in by_part.values())
     assert sorted(p for _, p in merges) == [0, 1, 2] and all(n > 3 for n, _ in merges), merges  # the run's segments
     assert_same_index(tmp_path / "one", tmp_path / "parted")
+    # a partitioned index is format 7: a format-6 reader (READABLE up to 6) refuses it rather than
+    # looking interleaved ids up in the wrong segment; one partition stays format 6
+    from semsearch.errors import IndexFormatError
+    from semsearch.store import manifest as manifest_
+    from semsearch.store.manifest import Manifest
+
+    assert Manifest.load(tmp_path / "parted").format_version == manifest_.PARTED_VERSION == 7
+    assert Manifest.load(tmp_path / "one").format_version == manifest_.FORMAT_VERSION == 6
+    monkeypatch.setattr(manifest_, "READABLE", (1, 2, 3, 4, 5, 6))
+    with pytest.raises(IndexFormatError, match="format version 7"):
+        Manifest.load(tmp_path / "parted")
+    Manifest.load(tmp_path / "one")
 
 
 def test_a_segment_whose_filtered_search_finds_too_few_is_searched_exactly_within_itself(tmp_path, monkeypatch):

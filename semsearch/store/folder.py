@@ -22,7 +22,7 @@ from semsearch.store import integrity, lexical, vecfile
 from semsearch.store.files import DATA_FILE, DB_ERRORS, damaged, fsync_dir, fsync_file, manifest_stamp
 from semsearch.store.docstore import DocStore, StoredFile
 from semsearch.store.kept import StatesFile, files_of
-from semsearch.store.manifest import FORMAT_VERSION, MANIFEST, Manifest
+from semsearch.store.manifest import FORMAT_VERSION, MANIFEST, PARTED_VERSION, Manifest
 from semsearch.store.segments import (SegmentedDocs, SegmentedVectors, Tombstones, live_counts, live_files, open_parts,
                                       segment_entry, select_sql)
 from semsearch.store.vecfile import MemoryVectors
@@ -394,7 +394,7 @@ class IndexWriter:
         manifest.index = merge_.summary(entries, seg_index)
         manifest.updated = now()
         manifest.created = manifest.created or manifest.updated
-        manifest.format_version = FORMAT_VERSION
+        manifest.format_version = PARTED_VERSION if shards > 1 else FORMAT_VERSION
         manifest.save(self.folder)
         self._close_base()
         self._clean(keep=manifest.data_files())

@@ -27,7 +27,12 @@ FORMAT_VERSION = 6
 # fast-scan segment's vector file keeps its rows list by list (store/vecfile.py: ordered files,
 # which a format-5 reader cannot read); older segments keep id order. The next write
 # publishes the current format, and `semsearch compact` rewrites every segment.
-READABLE = (1, 2, 3, 4, 5, 6)
+# Format 7 is format 6 partitioned by document (`shards` > 1, store/partition.py): the
+# partitions' chunk ids interleave across segments, which a format-6 reader would look up in the
+# wrong segment (a replica of an older version beside newer ones, say), so it refuses the index
+# instead. An index of one partition is still written as format 6, which readers of either open.
+PARTED_VERSION = 7
+READABLE = (1, 2, 3, 4, 5, 6, 7)
 MANIFEST = "manifest.json"
 
 
