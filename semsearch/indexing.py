@@ -6,6 +6,7 @@ import itertools
 import logging
 import os
 import sqlite3
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -465,12 +466,20 @@ class _Run:
 
 
 class _Ahead:
-    """A vector index's quantizer trained in a thread beside the build (train_ahead)."""
+    """A vector index's quantizer trained in a thread beside the build (train_ahead). A daemon
+    thread: a run stopped by Ctrl-C or an error exits without waiting for the training (a pool's
+    worker would be joined at exit, up to minutes of k-means)."""
 
     def __init__(self, work):
-        pool = ThreadPoolExecutor(1, thread_name_prefix="semsearch-quantizer")
-        self._future: Future = pool.submit(work)
-        pool.shutdown(wait=False)
+        self._future: Future = Future()
+
+        def run() -> None:
+            try:
+                self._future.set_result(work())
+            except BaseException as e:  # noqa: BLE001 - handed to result()
+                self._future.set_exception(e)
+
+        threading.Thread(target=run, name="semsearch-quantizer", daemon=True).start()
 
     def result(self):
         """The trained index, or None where training failed (the final merge then trains its own)."""

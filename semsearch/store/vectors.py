@@ -315,8 +315,6 @@ class VectorIndex:
         ivf-fastscan index re-ranks against the store it was built from.
         On device 'cuda' the vectors are added on the GPU and copied back to the CPU once."""
         params = dict(params or {})
-        if kind in IVF_TYPES:
-            params.setdefault("nlist", default_nlist(n))
         on_gpu = device == "cuda" and faiss_gpus() > 0
         if not isinstance(batches, (VectorFile, MemoryVectors)) and (kind in IVF_TYPES or on_gpu or kind == "ivf-fastscan"):
             got = list(batches)
