@@ -10,7 +10,7 @@ as JSONL files (50k records each) and indexed by `semsearch.index`'s own pipelin
 chunking, segments published every 250k chunks, the final merge, IVF training and tuning).
 
 Per size, each step in its own child process (so its memory is its own):
-- build: wall time and peak RSS;
+- build: wall time, peak RSS, and the index folder's largest size while it was built (polled);
 - open: Retriever.load time and RSS in a fresh process, then --queries hybrid queries, and
   --queries / 3 dense and lexical ones: p50 / p99 of each mode, RSS after them;
 - dense recall@10 of 200 queries against exact search over every stored vector;
@@ -193,6 +193,42 @@ def child_measure(index: Path, queries: int) -> dict:
 
 
 # ---- the parent ------------------------------------------------------------------------------------
+def folder_bytes(folder: Path) -> int:
+    """Bytes of the files under folder (0 where it is not there yet); files that go while it is
+    walked are skipped."""
+    total = 0
+    for root, _, names in os.walk(folder):
+        for name in names:
+            try:
+                total += os.stat(os.path.join(root, name)).st_size
+            except OSError:
+                pass
+    return total
+
+
+class DiskPeak:
+    """The largest size a folder reached, polled every `every` seconds on a thread (a build's
+    final merge writes its output while the segments it merges are still there)."""
+
+    def __init__(self, folder: Path, every: float = 2.0):
+        import threading
+
+        self.folder, self.every, self.peak = folder, every, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self._thread.start()
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, folder_bytes(self.folder))
+            self._stop.wait(self.every)
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        return max(self.peak, folder_bytes(self.folder))
+
+
 def run_child_peak(step: str, args: list[str], pythonpath: str | None = None, cgroup: Path | None = None) -> dict:
     """run_child, with the child's peak RSS (ru_maxrss from wait4)."""
     env = dict(os.environ)
@@ -224,7 +260,10 @@ def report(label: str, n: int, b: dict, m: dict) -> None:
     print(f"\n== {label}: {n:,} chunks ({m['segments']} segment(s), {m['index']['type']}, {gb(m['disk_bytes']):.2f} GB on disk, "
           f"{m['disk_bytes'] / n:.0f} B a chunk)")
     if b is not None:
-        print(f"build        {b['seconds']:.0f} s (encoding {b['encode_seconds']:.0f} s), peak RSS {gb(b['peak_rss']):.2f} GB")
+        print(f"build        {b['seconds']:.0f} s (encoding {b['encode_seconds']:.0f} s, {n / b['seconds']:,.0f} chunks/s), "
+              f"peak RSS {gb(b['peak_rss']):.2f} GB"
+              + (f", disk at its peak {gb(b['disk_peak']):.2f} GB ({b['disk_peak'] / max(m['disk_bytes'], 1):.2f}x the index, "
+                 f"polled every 2 s)" if b.get("disk_peak") else ""))
     print(f"load         {m['load_seconds']:.2f} s; RSS {gb(m['rss_before_load']):.2f} -> {gb(m['rss_after_load']):.2f} GB after load, "
           f"{gb(m['rss_after_queries']):.2f} GB after the queries ({(m['rss_after_queries'] - m['rss_before_load']) / n:.0f} B a chunk); "
           f"first hybrid query {m['first_query_ms']:.0f} ms")
@@ -288,7 +327,9 @@ def main() -> None:
         index = a.keep / f"index-{n}-{'current' if path is None else 'previous'}"
         shutil.rmtree(index, ignore_errors=True)
         print(f"{label}: building {n:,} chunks ...", flush=True)
+        disk = DiskPeak(index)
         b = run_child_peak("build", [str(corpus), str(index)] + ([a.vector_storage] if a.vector_storage and path is None else []), path)
+        b["disk_peak"] = disk.stop()
         m = run_child_peak("measure", [str(index), str(a.queries)], path, cgroup)
         report(label, n, b, m)
         results[f"{label} {n}"] = {"build": b, "measure": m}
