@@ -86,7 +86,12 @@ def write_corpus(folder: Path, n: int, per_file: int = 50_000) -> None:
 
 # ---- the child steps -------------------------------------------------------------------------------
 def child_build(corpus: Path, index: Path, storage: str | None = None) -> dict:
+    import logging
+
     import semsearch.indexing as indexing
+
+    # the build's steps on stderr (segments published, the final merge's steps): a long build's progress
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
     from synthetic import Corpus, StandInEncoder
 
     enc = StandInEncoder(Corpus())
