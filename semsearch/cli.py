@@ -321,7 +321,7 @@ def info(index, as_json, verify):
 @main.command()
 @index_option
 @click.option("--shards", type=click.IntRange(min=1), default=None,
-              help="Partition an index that is not partitioned by document into N, each partition then one segment (as `index --shards N` builds). Default: as it is.")
+              help="Partition the index by document into N, each partition then one segment (as `index --shards N` builds); re-partitions an index partitioned otherwise (1: not partitioned). Default: as it is.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @handle_errors
 def compact(index, shards, as_json):

@@ -100,11 +100,13 @@ def test_damaged_headers_are_refused(tmp_path):
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 2**32 - 1), batch=st.sampled_from([128, 256, 1000, 1 << 19]), span=st.sampled_from([128, 256, 1 << 18]),
-       sizes=st.lists(st.integers(0, 400), min_size=1, max_size=4), data=st.data())
-def test_write_merged_is_the_file_of_the_merged_rows(tmp_path, monkeypatch, seed, batch, span, sizes, data):
+       sizes=st.lists(st.integers(0, 400), min_size=1, max_size=4), interleave=st.booleans(), data=st.data())
+def test_write_merged_is_the_file_of_the_merged_rows(tmp_path, monkeypatch, seed, batch, span, sizes, interleave, data):
     """Random segments (as opened from their files, or arrays) with random deletions (none, some,
     all): write_merged's file is byte for byte write_file(Postings.from_rows(the live rows)), as
-    `invert` of the merged docstore gives them; rows renumber, terms left without postings go."""
+    `invert` of the merged docstore gives them; rows renumber, terms left without postings go.
+    `interleave`: the parts' ids interleave (partitions of an index partitioned by document,
+    merged across): the merged rows are in id order all the same."""
     monkeypatch.setattr(lexical.writing, "BATCH", batch)
     monkeypatch.setattr(lexical.writing, "SPAN", span)  # small: long lists of several widths, written in pieces
     rng = np.random.default_rng(seed)
@@ -113,6 +115,8 @@ def test_write_merged_is_the_file_of_the_merged_rows(tmp_path, monkeypatch, seed
     for j, n in enumerate(sizes):
         ids, blobs, lens = rows(rng, n, first)
         first += 2 * n + 10
+        if interleave:  # part j holds ids j, j + k, j + 2k, ...: every part's range spans the others'
+            ids = j + (len(sizes) + 1) * np.arange(n)
         p = Postings.from_rows(ids, blobs, lens)
         if data.draw(st.booleans(), "from its file"):
             lexical.write_file(tmp_path / f"part{j}.bin", p)
@@ -126,7 +130,9 @@ def test_write_merged_is_the_file_of_the_merged_rows(tmp_path, monkeypatch, seed
         live_ids.append(ids[keep])
         live_blobs += [b for b, k in zip(blobs, keep) if k]
         live_lens.append(lens[keep])
-    fresh = Postings.from_rows(np.concatenate(live_ids), live_blobs, np.concatenate(live_lens))
+    every = np.concatenate(live_ids)
+    order = np.argsort(every, kind="stable")
+    fresh = Postings.from_rows(every[order], [live_blobs[i] for i in order], np.concatenate(live_lens)[order])
     lexical.write_file(tmp_path / "fresh.bin", fresh)
     lexical.write_merged(tmp_path / "merged.bin", parts)
     assert (tmp_path / "merged.bin").read_bytes() == (tmp_path / "fresh.bin").read_bytes()

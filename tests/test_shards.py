@@ -477,10 +477,82 @@ def test_a_partitioned_index_answers_as_the_index_it_was_and_each_shard_holds_on
                     assert_same(key(x), key(y), (shards, mode, where, q))
 
 
+def test_compact_partitions_a_partitioned_index_anew_and_it_answers_as_before(partitioned, real_encoder, tmp_path, monkeypatch):
+    """`compact --shards N` on an index partitioned into 3 (its partitions' chunk ids interleave):
+    into 2, 4, then 1 (partitioned no more), each in one generation; every time each partition is
+    one segment holding its own documents (a single segment, format 6, for 1), the chunk ids and
+    counts are kept, and Retriever answers as the unpartitioned copy (3 modes x 5 filter forms:
+    ids, texts, scores within 1e-5)."""
+    from click.testing import CliRunner
+
+    from semsearch.cli import main
+    from semsearch.store import merge as merge_
+    from semsearch.store.lexical import writing
+    from semsearch.store.manifest import FORMAT_VERSION, Manifest
+
+    in_order = {"vectors": 0, "postings": 0}  # the merges took the path for ids that interleave
+    monkeypatch.setattr(merge_, "_in_id_order", _counted(merge_._in_id_order, in_order, "vectors"))
+    monkeypatch.setattr(writing, "_Order", _counted(writing._Order, in_order, "postings"))
+    one, parted = partitioned
+    folder = tmp_path / "again"
+    shutil.copytree(parted, folder)
+    a = Retriever.load(one, encoder=real_encoder)
+    want = {(mode, str(where)): a.search_batch(QUERIES, 10, mode=mode, where=where)
+            for mode in ("dense", "lexical", "hybrid") for where in WHERES}
+    ids_before = sorted(_chunk_ids(folder))
+    for n in (2, 4, 1):
+        res = CliRunner().invoke(main, ["compact", "--index", str(folder), "--shards", str(n), "--json"])
+        assert res.exit_code == 0, res.output
+        out = json.loads(res.output)
+        assert out["shards"] == n and out["chunks"] == a.manifest.counts["chunks"], out
+        if n > 1:
+            m, by_part = _parts_hold_their_documents(folder, n)
+            assert sorted(by_part) == list(range(n)) and all(len(v) == 1 for v in by_part.values()), by_part
+        else:
+            m = Manifest.load(folder)
+            assert m.shards == 1 and len(m.segments) == 1 and m.format_version == FORMAT_VERSION
+            assert "part" not in m.segments[0]
+        assert sorted(_chunk_ids(folder)) == ids_before
+        if n != 4:  # (2 into 4: each new partition's documents were all in one of the 2: no interleaving)
+            assert in_order["vectors"] == in_order["postings"] == n, in_order
+        in_order.update(vectors=0, postings=0)
+        b = Retriever.load(folder, encoder=real_encoder)
+        assert b.manifest.counts == a.manifest.counts
+        for (mode, where), expected in want.items():
+            got = b.search_batch(QUERIES, 10, mode=mode, where=next(w for w in WHERES if str(w) == where))
+            for q, x, y in zip(QUERIES, expected, got):
+                assert_same(key(x), key(y), (n, mode, where, q))
+                assert [h.text for h in x] == [h.text for h in y]
+
+
+def _counted(fn, counts: dict, name: str):
+    def call(*a, **k):
+        counts[name] += 1
+        return fn(*a, **k)
+
+    return call
+
+
+def _chunk_ids(folder) -> list[int]:
+    """The live chunk ids of every segment (from the docstores, less the tombstones)."""
+    import sqlite3
+
+    from semsearch.store.manifest import Manifest
+    from semsearch.store.segments import Tombstones
+
+    m, out = Manifest.load(folder), []
+    for e in m.segments:
+        dead = set(Tombstones.load(folder / e["deletes"]).chunks.tolist()) if e.get("deletes") else set()
+        db = sqlite3.connect(f"file:{folder / e['docs']}?mode=ro", uri=True)
+        out += [i for (i,) in db.execute("SELECT id FROM chunks") if i not in dead]
+        db.close()
+    return out
+
+
 def test_index_shards_builds_partitions_that_writes_keep_and_numbers_that_differ_are_refused(tmp_path):
     """`index --shards 3` on a new index: one segment a partition, each document's chunks in its
-    own; an update keeps them so; another --shards, or re-partitioning a partitioned index, is a
-    clear error that names the way (nothing written); `compact` keeps a segment a partition."""
+    own; an update keeps them so; another --shards is a clear error that names the way
+    (`compact --shards`; nothing written); `compact` keeps a segment a partition."""
     from semsearch.errors import InputError
     from semsearch.store.folder import compact
     from semsearch.store.manifest import Manifest
@@ -497,10 +569,8 @@ def test_index_shards_builds_partitions_that_writes_keep_and_numbers_that_differ
     index_corpus(corpus, folder, enc, progress=False)  # the index's own number of partitions
     _parts_hold_their_documents(folder, 3)
     before = Manifest.load(folder).generation
-    for call in (lambda: index_corpus(corpus, folder, enc, progress=False, shards=2),
-                 lambda: compact(folder, shards=2)):
-        with pytest.raises(InputError, match="partitioned into 3"):
-            call()
+    with pytest.raises(InputError, match="partitioned into 3 .*compact --index .* --shards 2"):
+        index_corpus(corpus, folder, enc, progress=False, shards=2)
     assert Manifest.load(folder).generation == before
     out = compact(folder)
     assert out["shards"] == 3 and out["segments"] == 3

@@ -578,7 +578,9 @@ def compact(folder: Path, shards: int | None = None) -> dict:
     (what the merge policy does piecemeal, done at once; a lone segment of an older format or
     another vector storage is rewritten); gives back the segment and chunk counts before and after.
     A partitioned index (store/partition.py) ends with one segment a partition; `shards`:
-    partition an index that is not into this many."""
+    partition the index into this many (re-partition one that is partitioned otherwise; 1: an
+    index partitioned no more), each new partition one merge of the segments' rows that fall
+    in it (store/merge.py apply_parted)."""
     import dataclasses
     import time
 
@@ -589,11 +591,6 @@ def compact(folder: Path, shards: int | None = None) -> dict:
         raise InputError(f"--shards must be at least 1, got {shards}")
     before = {"segments": len(base.segments), "rows": sum(e["rows"] for e in base.segments)}
     n = int(base.shards if shards is None else shards)
-    if base.shards > 1 and n != base.shards:
-        # Its partitions' chunk ids interleave, and a segment's vector and posting files hold
-        # sorted ids: merging across partitions would need a sorting merge of both.
-        raise InputError(f"{folder} is partitioned into {base.shards} shards; re-partitioning one is not supported: "
-                         f"build it anew with `semsearch index CORPUS --index {folder} --rebuild --shards {n}`")
     writer = IndexWriter(folder, base.dim, base)
     try:
         if n != base.shards:  # every segment split anew (or merged whole, for 1)

@@ -149,6 +149,8 @@ def apply_parted(folder: Path, entries: list[dict], dim: int, manifest, next_seg
 
     folder = Path(folder)
     cut = len(entries) - tail if tail and not everything else len(entries)
+    if everything and entries and not any(e.get("parts") == n for e in entries):
+        cut = 0  # partitioned anew (compact --shards): each partition one merge of every segment's rows in it
     pieces: list[dict] = []
     for e in entries[:cut]:
         if e.get("part") is not None and e.get("parts") == n:
@@ -309,9 +311,59 @@ def merge_vectors(folder: Path, group: list[dict], name: str, dim: int, deads: l
     """Write the live vectors of the group's segments, in id order, to the vector file `name`
     (streamed: one batch in memory; `storage`: fp32 (None) or fp16) and open it. `deads`: the
     segments' tombstones, where the caller has them loaded already."""
-    ids, batches = live_vectors(folder, group, deads)
-    vecfile.write_batches(folder / name, ids, dim, (v for _, v in batches), storage)
+    sources = _vector_sources(folder, group, deads)
+    ids = np.concatenate([i for i, _ in sources]) if sources else np.zeros(0, np.int64)
+    if len(ids) > 1 and not (np.diff(ids) > 0).all():  # partitions merged across: their ids interleave
+        ids, batches = _in_id_order(_vector_sources(folder, group, deads, INTERLEAVED_BATCH), dim)
+    else:
+        batches = (v for _, fn in sources for _, v in fn())
+    vecfile.write_batches(folder / name, ids, dim, batches, storage)
     return VectorFile(folder / name)
+
+
+INTERLEAVED_BATCH = 8192  # rows read at a time from each segment of a merge whose ids interleave
+
+
+def _in_id_order(sources: list, dim: int, batch: int = 65536) -> tuple[np.ndarray, Iterator[np.ndarray]]:
+    """(the sources' ids sorted, their vectors in that order, in batches) for segments whose ids
+    interleave (an index partitioned by document, re-partitioned: each segment's ids are sorted,
+    the segments' are not in turn). Each output batch takes the next rows of each source it
+    holds ids of; memory holds the ids and one read batch a source."""
+    every = np.concatenate([i for i, _ in sources])
+    src = np.repeat(np.arange(len(sources)), [len(i) for i, _ in sources])
+    order = np.argsort(every, kind="stable")
+    ids = every[order]
+    if len(ids) > 1 and not (np.diff(ids) > 0).all():
+        raise ValueError("segments merged in id order hold the same chunk id twice")
+
+    def batches() -> Iterator[np.ndarray]:
+        readers = [_Rows(fn()) for _, fn in sources]
+        for a in range(0, len(order), batch):
+            s = src[order[a : a + batch]]
+            out = np.empty((len(s), dim), np.float32)
+            for j in np.unique(s):
+                at = s == j
+                out[at] = readers[j].take(int(at.sum()))
+            yield out
+
+    return ids, batches()
+
+
+class _Rows:
+    """The next rows of an iterator of (ids, vectors) batches, k at a time."""
+
+    def __init__(self, it: Iterator[tuple[np.ndarray, np.ndarray]]):
+        self.it, self.held = it, np.zeros((0, 0), np.float32)
+
+    def take(self, k: int) -> np.ndarray:
+        got, n = [], 0
+        while n < k:
+            if not len(self.held):
+                self.held = next(self.it)[1]
+            piece, self.held = self.held[: k - n], self.held[k - n :]
+            got.append(piece)
+            n += len(piece)
+        return np.concatenate(got) if len(got) > 1 else got[0]
 
 
 def live_vectors(folder: Path, group: list[dict], deads: list[Tombstones] | None = None
@@ -319,6 +371,14 @@ def live_vectors(folder: Path, group: list[dict], deads: list[Tombstones] | None
     """(the live chunk ids of the group's segments in order, an iterator of (ids, vectors) batches
     of them): from each segment's vector file, or its docstore where it was written before
     format 4. `deads`: the segments' tombstones (loaded here where not given)."""
+    sources = _vector_sources(folder, group, deads)
+    ids = np.concatenate([i for i, _ in sources]) if sources else np.zeros(0, np.int64)
+    return ids, (b for _, batches in sources for b in batches())
+
+
+def _vector_sources(folder: Path, group: list[dict], deads: list[Tombstones] | None = None, batch: int = 65536) -> list:
+    """[(a segment's live ids, a function giving its (ids, vectors) batches)] for each segment of
+    the group (live_vectors)."""
     if deads is not None and len(deads) != len(group):
         raise ValueError("live_vectors: one tombstone set a segment")
     sources = []
@@ -328,7 +388,7 @@ def live_vectors(folder: Path, group: list[dict], deads: list[Tombstones] | None
         if e.get("vecs"):
             vf = VectorFile(folder / e["vecs"])
             ids = vf.ids if keep is None else vf.ids[keep(vf.ids)]
-            sources.append((ids, lambda vf=vf, keep=keep: vf.iter(65536, keep)))
+            sources.append((ids, lambda vf=vf, keep=keep: vf.iter(batch, keep)))
         else:
             docs = DocStore(folder / e["docs"], readonly=True)
             try:
@@ -336,16 +396,15 @@ def live_vectors(folder: Path, group: list[dict], deads: list[Tombstones] | None
             finally:
                 docs.close()
             ids = ids if keep is None else ids[keep(ids)]
-            sources.append((ids, lambda e=e, keep=keep: _docstore_vectors(folder / e["docs"], keep)))
-    ids = np.concatenate([i for i, _ in sources]) if sources else np.zeros(0, np.int64)
-    return ids, (b for _, batches in sources for b in batches())
+            sources.append((ids, lambda e=e, keep=keep: _docstore_vectors(folder / e["docs"], keep, batch)))
+    return sources
 
 
-def _docstore_vectors(path: Path, keep):
+def _docstore_vectors(path: Path, keep, batch: int = 65536):
     """The kept vectors of a docstore written before format 4, opened for the iteration only."""
     docs = DocStore(path, readonly=True)
     try:
-        yield from docs.iter_vectors(65536, keep)
+        yield from docs.iter_vectors(batch, keep)
     finally:
         docs.close()
 

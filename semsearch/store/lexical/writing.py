@@ -243,7 +243,10 @@ def write_segment_file(path, ids: np.ndarray, blobs: Sequence[bytes], lengths: n
     firsts = np.array([int(p.ids[0]) for p, _ in carried], np.int64)
     lasts = np.array([int(p.ids[-1]) for p, _ in carried], np.int64)
     if (firsts[1:] <= lasts[:-1]).any():
-        raise ValueError("carried posting sets with overlapping id ranges")
+        if len(ids):
+            raise ValueError("rows to invert beside carried posting sets whose id ranges overlap")
+        write_merged(path, carried)  # partitions merged across (re-partitioning): their ids interleave
+        return sum(len(p.ids) - int(np.isin(d, p.ids).sum()) for p, d in carried)
     group = np.searchsorted(firsts, ids, "right")  # fresh rows after carried part group - 1
     inside = (group > 0) & (ids <= lasts[(group - 1).clip(0)])
     if inside.any():
@@ -264,10 +267,16 @@ def write_merged(path, parts: Sequence[tuple[Postings, np.ndarray]]) -> None:
     merge of segments): `parts` is [(postings, deleted chunk ids)], each opened from a segment's
     posting file. The file is the one write_file() writes from the merged rows inverted afresh
     (rows renumbered, deleted ones gone, terms left without postings gone), written term range
-    by term range: memory stays bounded by a few BATCH postings whatever the parts' sizes."""
+    by term range: memory stays bounded by a few BATCH postings whatever the parts' sizes.
+
+    Parts whose id ranges interleave (the partitions of an index partitioned by document, merged
+    across when it is re-partitioned: store/partition.py) are merged in id order: each part's
+    rows are renumbered to their place among all the live ids (held in memory: 20 bytes a row),
+    and each term's postings sorted by the new rows (a term's postings in one piece: the longest
+    list is held whole)."""
     dead = [_dead_positions(p, d) for p, d in parts]
     live = [len(p.ids) - len(d) for (p, _), d in zip(parts, dead)]
-    m = _Merge([p for p, _ in parts], dead, np.cumsum([0] + live))
+    m = _Merge([p for p, _ in parts], dead, np.cumsum([0] + live), _interleaved([p for p, _ in parts], dead))
     w = _Writer(path, int(m.offsets[-1]))
     try:
         m.rows(w)
@@ -285,18 +294,58 @@ def _dead_positions(p: Postings, d) -> np.ndarray:
     return np.unique(pos[p.ids[pos] == d]) if len(p.ids) else np.zeros(0, np.int64)
 
 
+def _interleaved(parts: list[Postings], dead: list[np.ndarray]) -> "_Order | None":
+    """The merged order of parts whose live ids interleave; None where each part's ids follow
+    the last part's (segments of disjoint, increasing id ranges: the rows are the parts' in turn)."""
+    ids = [np.delete(p.ids, d) for p, d in zip(parts, dead)]
+    ranges = [(int(i[0]), int(i[-1])) for i in ids if len(i)]
+    if all(a[1] < b[0] for a, b in zip(ranges, ranges[1:])):
+        return None
+    return _Order(ids, [np.delete(p.lengths, d) for p, d in zip(parts, dead)])
+
+
+class _Order:
+    """Rows of interleaving parts in id order: `ids` / `lengths` of the merged rows, and `place[j]`
+    the new row of part j's i-th live row."""
+
+    def __init__(self, ids: list[np.ndarray], lengths: list[np.ndarray]):
+        every = np.concatenate(ids)
+        order = np.argsort(every, kind="stable")
+        self.ids, self.lengths = every[order], np.concatenate(lengths)[order]
+        if len(self.ids) > 1 and not (np.diff(self.ids) > 0).all():
+            raise ValueError("posting sets merged in id order hold the same id twice")
+        new = np.empty(len(order), np.int64)
+        new[order] = np.arange(len(order))
+        cuts = np.cumsum([0] + [len(i) for i in ids])
+        self.place = [new[a:b] for a, b in zip(cuts[:-1], cuts[1:])]
+
+
 class _Merge:
     """write_merged's sweep over its parts' terms in hash order: `cursor` holds each part's next
     term; each step writes the terms below a bound that keeps every part's share of the step
-    near BATCH / parts postings (or one long term, in pieces)."""
+    near BATCH / parts postings (or one long term, in pieces). `order`: the rows' places where
+    the parts' ids interleave (_interleaved)."""
 
-    def __init__(self, parts: list[Postings], dead: list[np.ndarray], offsets: np.ndarray):
-        self.parts, self.dead, self.offsets = parts, dead, offsets
+    def __init__(self, parts: list[Postings], dead: list[np.ndarray], offsets: np.ndarray, order: _Order | None = None):
+        self.parts, self.dead, self.offsets, self.order = parts, dead, offsets, order
         self.cursor = [0] * len(parts)
         self.share = max(BATCH // max(len(parts), 1), BLOCK)
 
+    def _live(self, j: int, lo: int, hi: int, terms: tuple[int, int] | None = None):
+        """_live_postings of part j, its rows numbered as the merged file numbers them."""
+        got = _live_postings(self.parts[j], self.dead[j], int(self.offsets[j]), lo, hi, terms)
+        if self.order is not None:
+            got = (self.order.place[j][got[0] - int(self.offsets[j])],) + tuple(got[1:])
+        return got
+
     def rows(self, w: _Writer) -> None:
         """Every part's live rows, in order."""
+        if self.order is not None:
+            for a in range(0, len(self.order.ids), BATCH):
+                w.rows(self.order.ids[a : a + BATCH], self.order.lengths[a : a + BATCH])
+            for p in self.parts:
+                release(p)
+            return
         for p, d in zip(self.parts, self.dead):
             for a in range(0, len(p.ids), BATCH):
                 keep = np.ones(min(BATCH, len(p.ids) - a), bool)
@@ -341,17 +390,24 @@ class _Merge:
         for j, v in got:
             p = self.parts[j]
             for _, _, lo, hi in _pieces(p.indptr, v, v + 1, self.share):
-                r, t, ln = _live_postings(p, self.dead[j], int(self.offsets[j]), lo, hi)
+                r, t, ln = self._live(j, lo, hi)
                 buf_rows.append(r)
                 buf_tfs.append(t)
                 buf_len.append(ln)
                 held += len(r)
-                if held >= max(BATCH, SPAN):
+                if held >= max(BATCH, SPAN) and self.order is None:  # (interleaved: sorted whole, below)
                     r, t, ln = (np.concatenate(x) for x in (buf_rows, buf_tfs, buf_len))
                     cut = len(r) // SPAN * SPAN
                     w.terms(np.array([first]), [cut], r[:cut], t[:cut], ln[:cut])
                     buf_rows, buf_tfs, buf_len, held = [r[cut:]], [t[cut:]], [ln[cut:]], len(r) - cut
         r, t, ln = (np.concatenate(x) for x in (buf_rows, buf_tfs, buf_len))
+        if self.order is not None:
+            by_row = np.argsort(r, kind="stable")
+            r, t, ln = r[by_row], t[by_row], ln[by_row]
+            cut = len(r) // SPAN * SPAN
+            if cut:
+                w.terms(np.array([first]), [cut], r[:cut], t[:cut], ln[:cut])
+                r, t, ln = r[cut:], t[cut:], ln[cut:]
         if len(r):
             w.terms(np.array([first]), [len(r)], r, t, ln)
 
@@ -364,14 +420,17 @@ class _Merge:
             if e <= v:
                 continue
             lo, hi = int(p.indptr[v]), int(p.indptr[e])
-            r, t, ln, h = _live_postings(p, self.dead[j], int(self.offsets[j]), lo, hi, (v, e))
+            r, t, ln, h = self._live(j, lo, hi, (v, e))
             for out, x in zip((hs, rs, ts, ls), (h, r, t, ln)):
                 out.append(x)
             self.cursor[j] = e
         if not hs:
             return
         h = np.concatenate(hs)
-        order = np.argsort(h, kind="stable")  # parts in order, rows sorted within each: each term's rows sorted
+        if self.order is None:
+            order = np.argsort(h, kind="stable")  # parts in order, rows sorted within each: each term's rows sorted
+        else:
+            order = np.lexsort((np.concatenate(rs), h))  # the parts' rows interleave: by term, then row
         h = h[order]
         if not len(h):  # every posting of these terms was deleted
             return
