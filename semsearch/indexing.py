@@ -405,6 +405,8 @@ class _Run:
         self.writer = IndexWriter(self.folder, self.encoder.out_dim, published)
         if self.ahead is None:
             self.ahead = train_ahead(self.folder, published, self.rolls, done)
+        else:  # its vectors go into the index trained beside the run, there
+            self.ahead.add(published.segments[-1])
         return self.writer
 
     def start(self) -> str | None:
@@ -466,28 +468,63 @@ class _Run:
 
 
 class _Ahead:
-    """A vector index's quantizer trained in a thread beside the build (train_ahead). A daemon
-    thread: a run stopped by Ctrl-C or an error exits without waiting for the training (a pool's
-    worker would be joined at exit, up to minutes of k-means)."""
+    """A vector index's quantizer trained in a thread beside the build (train_ahead), and then,
+    in the same thread, the vectors of the run's published segments added to it, each segment's
+    as it is published (add()), so that the final merge adds only what the run's last writer
+    wrote (merge.fits: the index holds exactly the merged segment's ids up to `through`). A daemon
+    thread: a run stopped by Ctrl-C or an error exits without waiting for it (a pool's worker
+    would be joined at exit, up to minutes of k-means)."""
 
-    def __init__(self, work):
+    def __init__(self, work, folder: Path, published: list[dict]):
+        import queue
+
+        from semsearch.store.vectors import one_omp_thread
+
         self._future: Future = Future()
+        self._todo: queue.Queue = queue.Queue()
+        for e in published:
+            self._todo.put(e)
 
         def run() -> None:
             try:
-                self._future.set_result(work())
+                vi = work()
+                with one_omp_thread():
+                    while (e := self._todo.get()) is not None:
+                        _add_published(vi, folder, e)
+                self._future.set_result(vi)
             except BaseException as e:  # noqa: BLE001 - handed to result()
                 self._future.set_exception(e)
 
         threading.Thread(target=run, name="semsearch-quantizer", daemon=True).start()
 
+    def add(self, entry: dict) -> None:
+        """A segment the run published after the training started: its vectors go in next."""
+        self._todo.put(entry)
+
     def result(self):
-        """The trained index, or None where training failed (the final merge then trains its own)."""
+        """The trained index holding the published segments' vectors (once the thread has added
+        them all), or None where training failed (the final merge then trains its own)."""
+        self._todo.put(None)
         try:
             return self._future.result()
         except Exception as e:  # noqa: BLE001 - an optimisation only: the merge does what it did before
             log.warning("training the vector index beside the build failed (%s); the final merge trains it", e)
             return None
+
+
+def _add_published(vi, folder: Path, entry: dict) -> None:
+    """Add a published segment's vectors (from its vector file, in id order) to the index trained
+    beside the run, and record the last id it holds (vi.through)."""
+    from semsearch.store.vecfile import VectorFile
+
+    t = time.perf_counter()
+    vf = VectorFile(folder / entry["vecs"])
+    for ids, vecs in vf.iter(65536):
+        vi.add(ids, vecs, refine=False)  # (its re-ranking rows are the merged segment's file, set by fill)
+    if len(vf.ids):
+        vi.through = int(vf.ids[-1])
+    log.info("added segment %d's %d vectors to the index trained beside the build (%.1f s)", entry["id"], len(vf.ids),
+             time.perf_counter() - t)
 
 
 def train_ahead(folder: Path, published: Manifest, rolls: int, done: float) -> _Ahead | None:
@@ -523,7 +560,7 @@ def train_ahead(folder: Path, published: Manifest, rolls: int, done: float) -> _
             return vi
 
     log.info("training the vector index's quantizer for ~%d chunks beside the build", n)
-    return _Ahead(work)
+    return _Ahead(work, folder, mine)
 
 
 def _nothing_to_do(folder: Path, base: Manifest, files, root: Path, encoder, vectors: VectorSettings | None,

@@ -465,3 +465,55 @@ def test_tombstones_round_trip_detect_damage_and_build_no_ast(tmp_path):
         (tmp_path / name).write_bytes(data)
         with pytest.raises(IndexFormatError, match=name):
             Tombstones.load(tmp_path / name)
+
+
+def test_a_long_run_trains_its_quantizer_and_adds_its_published_segments_beside_the_build(tmp_path, fake_encoder, monkeypatch):
+    """A long run whose final index is IVF (forced here; 50k+ chunks choose it): once its published
+    segments hold the quantizer's sample, the quantizer is trained once, in a thread beside the run,
+    which then adds each published segment's vectors; the final merge adds only the last writer's
+    (its log says how many the index held). The index holds every chunk once with its id and
+    vector, as a run that published nothing does, and its recall is tuned to the target."""
+    import threading
+
+    import semsearch.indexing as indexing
+    from semsearch.store import vectors as vectors_
+    from test_engines import assert_same_index
+
+    monkeypatch.setattr(indexing, "AHEAD_SAMPLE", 60)
+    for module in (vectors_, merge_):  # 4 lists: the sample (39 a list) is there after two segments
+        monkeypatch.setattr(module, "default_nlist", lambda n: 4)
+    added, trainings = [], []
+    real_add, real_trained = vectors_.VectorIndex.add, vectors_.VectorIndex.trained.__func__
+
+    def add(self, ids, vecs, refine=True):
+        if self.kind == "ivf-fastscan":
+            added.append((threading.current_thread().name, len(ids)))
+        return real_add(self, ids, vecs, refine)
+
+    def trained(cls, *a, **k):
+        trainings.append(threading.current_thread().name)
+        return real_trained(cls, *a, **k)
+
+    monkeypatch.setattr(vectors_.VectorIndex, "add", add)
+    monkeypatch.setattr(vectors_.VectorIndex, "trained", classmethod(trained))
+    src = tmp_path / "c"
+    src.mkdir()
+    for i in range(40):
+        (src / f"f{i:02d}.txt").write_text(_text(random.Random(100 + i), 400) + "\n")
+    vs = indexing.VectorSettings(index_type="ivf-fastscan")
+    index_corpus(src, tmp_path / "once", fake_encoder, progress=False, segment_chunks=None, vectors=vs)
+    assert trainings == ["MainThread"] and {t for t, _ in added} == {"MainThread"}
+    added.clear()
+    trainings.clear()
+    index_corpus(src, tmp_path / "idx", fake_encoder, progress=False, segment_chunks=100, vectors=vs)
+    assert_same_index(tmp_path / "once", tmp_path / "idx")  # every chunk once, its id, vector and faiss id
+    m = Manifest.load(tmp_path / "idx")
+    total = m.counts["chunks"]
+    assert total > 300 and len(m.segments) == 1 and m.segments[0]["index"]["type"] == "ivf-fastscan"
+    beside = sum(n for t, n in added if t == "semsearch-quantizer")
+    in_merge = sum(n for t, n in added if t == "MainThread")
+    assert trainings == ["semsearch-quantizer"]  # once, beside the run: the merge trained nothing
+    assert beside + in_merge == total and beside > total // 2 and 0 < in_merge <= 200, (beside, in_merge, total)
+    assert m.segments[0]["index"]["recall"]["recall"] >= 0.95
+    r = Retriever.load(tmp_path / "idx", encoder=fake_encoder)
+    assert r.search(open(src / "f07.txt").read()[:200], 1, mode="dense")[0].path.endswith("f07.txt")

@@ -437,9 +437,11 @@ def build_vectors(vecs, dim: int, requested: str, n: int, target: float, params:
         if rebuild:
             keep = ({k_: v for k_, v in (params or {}).items() if k_ in ("M", "efConstruction", "k_factor")}
                     if vi is None or vi.kind == kind else {})
-            if fits(trained, kind, n):
-                vi = trained.fill(vecs)
-                log.info("the vector index: a quantizer trained beside the build, %d vectors added", n)
+            if fits(trained, kind, n, vecs.ids):
+                held = trained.ntotal
+                vi = trained.fill(vecs, after=trained.through if held else None)
+                log.info("the vector index: a quantizer trained beside the build, which held %d vectors; %d added",
+                         held, n - held)
             else:
                 vi = VectorIndex.build(dim, kind, vecs, n, keep, device=resolve_index_device(device))
             trained_on = n
@@ -459,14 +461,17 @@ def build_vectors(vecs, dim: int, requested: str, n: int, target: float, params:
         return vi, entry
 
 
-def fits(trained: VectorIndex | None, kind: str, n: int) -> bool:
-    """Whether an index trained ahead (its quantizer only) serves a segment of n vectors of type
-    kind: the same type, its list count within a factor 2 of what n asks for (default_nlist), and
-    empty (nothing added yet)."""
-    if trained is None or trained.kind != kind or trained.ntotal:
+def fits(trained: VectorIndex | None, kind: str, n: int, ids: np.ndarray | None = None) -> bool:
+    """Whether an index trained ahead serves a segment of n vectors of type kind with the sorted
+    `ids`: the same type, its list count within a factor 2 of what n asks for (default_nlist),
+    and empty, or holding as many vectors as `ids` has up to the last id added (`through`: the
+    segments a long run published, added beside it, none of them deleted since)."""
+    if trained is None or trained.kind != kind or kind not in IVF_TYPES:
         return False
-    if kind not in IVF_TYPES:
-        return False
+    if trained.ntotal:
+        through = getattr(trained, "through", None)
+        if through is None or ids is None or int(np.searchsorted(ids, through, "right")) != trained.ntotal:
+            return False
     ratio = int(trained.params.get("nlist", 0)) / default_nlist(n)
     return 0.5 <= ratio <= 2.0
 

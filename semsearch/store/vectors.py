@@ -353,17 +353,21 @@ class VectorIndex:
             vi.built_on = "cpu, k-means on cuda"  # fill() says "cuda" where the vectors go there too
         return vi
 
-    def fill(self, batches) -> "VectorIndex":
+    def fill(self, batches, after: int | None = None) -> "VectorIndex":
         """Add every vector of `batches` (an iterator of (ids, vectors), or a vector store, read in
-        batches) to this trained index; an ivf-fastscan index re-ranks against the store itself."""
+        batches) to this trained index; an ivf-fastscan index re-ranks against the store itself.
+        `after`: of a store, only the vectors of ids above it (those up to it are in already)."""
         store = batches if isinstance(batches, (VectorFile, MemoryVectors)) else None
+        if after is not None and store is None:
+            raise ValueError("fill(after=...) reads a vector store")
         if store is not None and self.external_refine:
             self.refine = store  # re-ranking reads the store itself: no second copy
         if self.device == "cuda":
             self._searcher()  # adds go to the GPU mirror (or the CPU, where the copy failed)
         if self.device == "cuda":
             self.built_on = "cuda"
-        for ids, vecs in (store.iter(65536) if store is not None else batches):
+        keep = None if after is None else (lambda ids: ids > after)
+        for ids, vecs in (store.iter(65536, keep) if store is not None else batches):
             self.add(ids, vecs, refine=store is None)
         self.apply_params()
         return self
