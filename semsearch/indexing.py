@@ -470,10 +470,11 @@ class _Run:
 class _Ahead:
     """A vector index's quantizer trained in a thread beside the build (train_ahead), and then,
     in the same thread, the vectors of the run's published segments added to it, each segment's
-    as it is published (add()), so that the final merge adds only what the run's last writer
-    wrote (merge.fits: the index holds exactly the merged segment's ids up to `through`). A daemon
-    thread: a run stopped by Ctrl-C or an error exits without waiting for it (a pool's worker
-    would be joined at exit, up to minutes of k-means)."""
+    as it is published (add()), on one OpenMP thread beside the stream. When the stream ends
+    (result()) the thread stops adding at the next batch, and the final merge adds the rest with
+    every thread (merge.fits: the index holds exactly the merged segment's ids up to `through`).
+    A daemon thread: a run stopped by Ctrl-C or an error exits without waiting for it (a pool's
+    worker would be joined at exit, up to minutes of k-means)."""
 
     def __init__(self, work, folder: Path, published: list[dict]):
         import queue
@@ -482,6 +483,7 @@ class _Ahead:
 
         self._future: Future = Future()
         self._todo: queue.Queue = queue.Queue()
+        self._stop = threading.Event()  # the stream has ended: what is left is the merge's to add
         for e in published:
             self._todo.put(e)
 
@@ -489,8 +491,9 @@ class _Ahead:
             try:
                 vi = work()
                 with one_omp_thread():
-                    while (e := self._todo.get()) is not None:
-                        _add_published(vi, folder, e)
+                    while not self._stop.is_set() and (e := self._todo.get()) is not None:
+                        _add_published(vi, folder, e, self._stop)
+                        self._todo.task_done()
                 self._future.set_result(vi)
             except BaseException as e:  # noqa: BLE001 - handed to result()
                 self._future.set_exception(e)
@@ -501,9 +504,14 @@ class _Ahead:
         """A segment the run published after the training started: its vectors go in next."""
         self._todo.put(entry)
 
+    def wait(self) -> None:
+        """Until the training is done and every segment given so far is added (tests)."""
+        self._todo.join()
+
     def result(self):
         """The trained index holding the published segments' vectors (once the thread has added
         them all), or None where training failed (the final merge then trains its own)."""
+        self._stop.set()
         self._todo.put(None)
         try:
             return self._future.result()
@@ -512,19 +520,21 @@ class _Ahead:
             return None
 
 
-def _add_published(vi, folder: Path, entry: dict) -> None:
-    """Add a published segment's vectors (from its vector file, in id order) to the index trained
-    beside the run, and record the last id it holds (vi.through)."""
+def _add_published(vi, folder: Path, entry: dict, stop: threading.Event) -> None:
+    """Add a published segment's vectors (from its vector file, in id order, a batch at a time
+    until `stop` is set) to the index trained beside the run, recording the last id it holds
+    (vi.through)."""
     from semsearch.store.vecfile import VectorFile
 
-    t = time.perf_counter()
+    t, n = time.perf_counter(), 0
     vf = VectorFile(folder / entry["vecs"])
     for ids, vecs in vf.iter(65536):
+        if stop.is_set():
+            break
         vi.add(ids, vecs, refine=False)  # (its re-ranking rows are the merged segment's file, set by fill)
-    if len(vf.ids):
-        vi.through = int(vf.ids[-1])
-    log.info("added segment %d's %d vectors to the index trained beside the build (%.1f s)", entry["id"], len(vf.ids),
-             time.perf_counter() - t)
+        vi.through, n = int(ids[-1]), n + len(ids)
+    log.info("added %d of segment %d's %d vectors to the index trained beside the build (%.1f s)", n, entry["id"],
+             len(vf.ids), time.perf_counter() - t)
 
 
 def train_ahead(folder: Path, published: Manifest, rolls: int, done: float) -> _Ahead | None:

@@ -360,3 +360,36 @@ def test_exact_knn_equals_a_full_sort_and_leaves_each_query_out(batch):
     assert not (got == self_ids[:, None]).any()
     plain = exact_knn(q, iter([(ids, x)]), 5)  # no one left out: each query finds itself first
     assert (plain[:, 0] == self_ids).all()
+
+
+def test_an_index_trained_ahead_and_partly_filled_is_completed_by_the_merge(tmp_path):
+    """merge.fits takes an index trained ahead that holds the merged file's vectors up to an id
+    (a long run's published segments, added beside it, stopped part way through one when the
+    stream ended) and fill(after=) adds the rest: the lists equal those of the same quantizer
+    filled at once. Where the count up to that id differs (a chunk deleted since), it is refused."""
+    import faiss
+
+    from semsearch.store import merge as merge_
+    from semsearch.store import vecfile
+    from semsearch.store.vectors import VectorIndex
+
+    rng = np.random.default_rng(3)
+    centres = rng.standard_normal((20, 32)).astype(np.float32)
+    x = centres[rng.integers(0, 20, 3000)] + 0.1 * rng.standard_normal((3000, 32)).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    ids = np.arange(10, 6010, 2, dtype=np.int64)
+    vecfile.write(tmp_path / "v.vec", ids, x)
+    vf = vecfile.VectorFile(tmp_path / "v.vec")
+    base = VectorIndex.trained(32, "ivf-fastscan", 3000, vf, {"nlist": merge_.default_nlist(3000)}, train_sample=1000)
+    whole = VectorIndex(faiss.clone_index(base._cpu), base.kind, dict(base.params)).fill(vf)  # the same quantizer, at once
+    part = base
+    part.add(ids[:1234], x[:1234], refine=False)
+    part.through = int(ids[1233])
+    assert merge_.fits(part, "ivf-fastscan", 3000, vf.ids)
+    deleted = np.delete(vf.ids, 100)  # the merged file of a group in which a prefix chunk was deleted
+    assert not merge_.fits(part, "ivf-fastscan", 2999, deleted)
+    part.fill(vf, after=part.through)
+    assert part.ntotal == 3000
+    assert [sorted(a.tolist()) for a in part.lists()] == [sorted(b.tolist()) for b in whole.lists()]
+    q = x[::97]
+    np.testing.assert_array_equal(part.search(q, 10)[1], whole.search(q, 10)[1])

@@ -470,8 +470,8 @@ def test_tombstones_round_trip_detect_damage_and_build_no_ast(tmp_path):
 def test_a_long_run_trains_its_quantizer_and_adds_its_published_segments_beside_the_build(tmp_path, fake_encoder, monkeypatch):
     """A long run whose final index is IVF (forced here; 50k+ chunks choose it): once its published
     segments hold the quantizer's sample, the quantizer is trained once, in a thread beside the run,
-    which then adds each published segment's vectors; the final merge adds only the last writer's
-    (its log says how many the index held). The index holds every chunk once with its id and
+    which then adds each published segment's vectors (here the stream waits for it at each
+    segment; in a build it stops where the stream ends); the final merge adds only the rest. The index holds every chunk once with its id and
     vector, as a run that published nothing does, and its recall is tuned to the target."""
     import threading
 
@@ -496,6 +496,14 @@ def test_a_long_run_trains_its_quantizer_and_adds_its_published_segments_beside_
 
     monkeypatch.setattr(vectors_.VectorIndex, "add", add)
     monkeypatch.setattr(vectors_.VectorIndex, "trained", classmethod(trained))
+    real_roll = indexing._Run.roll
+
+    def roll(self, w, done=0.0):  # the thread catches up with each segment before the stream goes on
+        out = real_roll(self, w, done)
+        if self.ahead is not None:
+            self.ahead.wait()
+        return out
+
     src = tmp_path / "c"
     src.mkdir()
     for i in range(40):
@@ -505,6 +513,7 @@ def test_a_long_run_trains_its_quantizer_and_adds_its_published_segments_beside_
     assert trainings == ["MainThread"] and {t for t, _ in added} == {"MainThread"}
     added.clear()
     trainings.clear()
+    monkeypatch.setattr(indexing._Run, "roll", roll)
     index_corpus(src, tmp_path / "idx", fake_encoder, progress=False, segment_chunks=100, vectors=vs)
     assert_same_index(tmp_path / "once", tmp_path / "idx")  # every chunk once, its id, vector and faiss id
     m = Manifest.load(tmp_path / "idx")
