@@ -505,8 +505,10 @@ class _Ahead:
         self._todo.put(entry)
 
     def wait(self) -> None:
-        """Until the training is done and every segment given so far is added (tests)."""
-        self._todo.join()
+        """Until the training is done and every segment given so far is added, or the thread
+        has ended (a failed training): for tests."""
+        while self._todo.unfinished_tasks and not self._future.done():
+            time.sleep(0.01)
 
     def result(self):
         """The trained index holding the published segments' vectors (once the thread has added
