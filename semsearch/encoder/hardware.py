@@ -33,6 +33,27 @@ def cpu_flags() -> frozenset[str]:
     return flags
 
 
+# The AVX-512 subsets of OpenBLAS's SkylakeX kernels.
+SKYLAKEX_FLAGS = frozenset({"avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl"})
+
+
+def steer_openblas() -> str | None:
+    """Name the CPU's core to the OpenBLAS that faiss loads, where the user has not.
+
+    faiss-cpu's wheels bundle OpenBLAS 0.3.15 (2021), which takes a CPU newer than its table
+    (a Sapphire Rapids Xeon, with AMX) for a generic core: faiss's flat search, which assigns
+    every vector an IVF build adds and runs its k-means, made 21 GFLOPS on one thread of such a
+    Xeon, and 125 with OPENBLAS_CORETYPE=SkylakeX (numpy's newer OpenBLAS: 148; at 10M chunks the
+    assignment to 12,649 lists took hours instead of minutes: docs/benchmarks.md). OpenBLAS reads
+    the variable when it is loaded, so this runs before the first `import faiss` (store/__init__).
+    Only on CPUs with the AVX-512 subsets those kernels use, and not under
+    SEMSEARCH_CPU_ISA=avx2 (cpu_flags). Gives back what it set, else None."""
+    if "OPENBLAS_CORETYPE" in os.environ or not SKYLAKEX_FLAGS <= cpu_flags():
+        return None
+    os.environ["OPENBLAS_CORETYPE"] = "SkylakeX"
+    return "SkylakeX"
+
+
 @functools.lru_cache(maxsize=1)
 def _proc_cpu_flags() -> frozenset[str]:
     try:
