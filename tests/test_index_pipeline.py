@@ -51,6 +51,11 @@ class Watched:
         return getattr(self.enc, name)
 
     def token_offsets(self, text):
+        # chunking a text takes 20 ms here: long enough that the encoding thread, started as the
+        # build goes on to the next file, is seen at work on a loaded machine (a fresh-clone CI run
+        # with the suite's other worker busy once saw no overlap in 5 batches: the thread had not
+        # yet been scheduled when the next file's few milliseconds of chunking were over)
+        time.sleep(0.02)
         if self.encoding:
             self.overlapped.add(self.batches)
         return self.enc.token_offsets(text)
