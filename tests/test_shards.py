@@ -654,5 +654,7 @@ def test_a_segment_whose_filtered_search_finds_too_few_is_searched_exactly_withi
         exact = qv @ vecs.T
         for q in range(len(QUERIES)):
             want = np.lexsort((ids_all, -exact[q]))[:10]
-            assert ids[q].tolist() == ids_all[want].tolist(), (where, q)
-            assert np.allclose(scores[q], exact[q][want], atol=1e-5)
+            # (the fake encoder's bag-of-words scores tie exactly in arithmetic; faiss's BLAS kernel
+            # and numpy's sum them in other orders, so a tie may come out split by a last bit)
+            assert_same_up_to_ties(list(zip(ids_all[want].tolist(), exact[q][want].tolist())),
+                                   list(zip(ids[q].tolist(), scores[q].tolist())), (where, q))
