@@ -3,6 +3,7 @@
     python scripts/train_scifact.py --precision fp32        # writes results/train_scifact.{md,json}
     python scripts/train_scifact.py --reuse-index           # skip step 1 when the index exists
     python scripts/train_scifact.py -- --train-layers 0     # anything after -- goes to `semsearch train`
+    python scripts/train_scifact.py --reuse-index --pairs-sample 50 --sample-seed 1   # 50 labelled pairs of train
 
 Steps (each timed):
 (1) index the SciFact corpus (`--text-column title,text`, so each document's first chunk is the
@@ -40,6 +41,26 @@ def sh(*args: str, check: bool = True) -> tuple[float, int]:
     return time.perf_counter() - t, r.returncode
 
 
+def sample_pairs(data: Path, out: Path, n: int, seed: int) -> Path:
+    """A copy of the BEIR folder `data` whose train qrels are n of its (query, document) pairs
+    drawn at random (seed); corpus, queries and the other splits are links to the originals."""
+    import random
+
+    lines = (data / "qrels" / "train.tsv").read_text().replace("\r\n", "\n").splitlines()
+    header, pairs = lines[0], [ln for ln in lines[1:] if ln.strip()]
+    if n > len(pairs):
+        sys.exit(f"--pairs-sample {n}: the train split has {len(pairs)} pairs")
+    (out / "qrels").mkdir(parents=True, exist_ok=True)
+    for name in ("corpus.jsonl", "queries.jsonl"):
+        if not (out / name).exists():
+            (out / name).symlink_to((data / name).resolve())
+    for split in (data / "qrels").iterdir():
+        if split.name != "train.tsv" and not (out / "qrels" / split.name).exists():
+            (out / "qrels" / split.name).symlink_to(split.resolve())
+    (out / "qrels" / "train.tsv").write_text("\n".join([header] + random.Random(seed).sample(pairs, n)) + "\n")
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", default=str(REPO.parent / "shared" / "data" / "beir" / "scifact"))
@@ -47,8 +68,14 @@ def main() -> None:
     ap.add_argument("--out", default=str(REPO / "results" / "train_scifact"))
     ap.add_argument("--precision", default="auto")
     ap.add_argument("--reuse-index", action="store_true", help="keep an existing index of the work folder")
+    ap.add_argument("--pairs-sample", type=int, default=0,
+                    help="train on this many (query, document) pairs drawn from the train qrels (0: all), as a user with few labels")
+    ap.add_argument("--sample-seed", type=int, default=0, help="the draw of --pairs-sample")
     ap.add_argument("train_args", nargs="*", help="extra `semsearch train` options (after --)")
     args = ap.parse_args()
+    if args.pairs_sample:
+        args.data = str(sample_pairs(Path(args.data), Path(f"{args.work}-pairs-{args.pairs_sample}-{args.sample_seed}"),
+                                     args.pairs_sample, args.sample_seed))
     work = Path(args.work)
     head, index, cache = work / "head", work / "index", work / "cache"
     prec = ["--precision", args.precision]

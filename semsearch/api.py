@@ -400,8 +400,14 @@ def _gate(res, force: bool, log: Log, what: str, base: str, were: str, them: str
         raise NotImproved(f"no dev set (--dev-fraction 0), so nothing checked {what} and {were} not saved ({verdict}). "
                           f"Use --force to save {them} anyway.")
     if not res.improved and not force:
-        raise NotImproved(f"{what} did not beat {base} on the {'unseen-document ' if res.gate == 'unseen' else ''}dev set, "
+        beyond = " by more than the gain's own noise" if _within_noise(res) else ""
+        raise NotImproved(f"{what} did not beat {base} on the {'unseen-document ' if res.gate == 'unseen' else ''}dev set{beyond}, "
                           f"so {were} not saved ({verdict}). Use --force to save {them} anyway.")
+
+
+def _within_noise(res) -> bool:
+    """Whether a result beat the base on dev by no more than its paired standard error (query layers' gate)."""
+    return bool(getattr(res, "within_noise", lambda: False)())
 
 
 def _forced_note(res, what: str, base: str, were: str) -> str:
@@ -418,6 +424,9 @@ def _forced_note(res, what: str, base: str, were: str) -> str:
         figs = f"nDCG@10 {res.base[key]:.2f} for {base} -> {res.best[key]:.2f} trained, on {n} queries"
     else:
         figs = f"nDCG@10 {res.base.get(key, float('nan')):.2f} for {base}; no trained check to compare, on {n} queries"
+    if _within_noise(res):
+        n_ = res.noise
+        figs += f"; a gain of {n_['gain']:+.2f} +/- {n_['se']:.2f} is within its noise"
     return (f"{what} did not improve on {part} ({figs}): {were} saved only because of --force "
             "(head.json records improved_on_dev: false)")
 

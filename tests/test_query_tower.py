@@ -131,7 +131,13 @@ def test_the_gate_also_measures_queries_about_trained_documents(tmp_path):
     assert {"seen_ndcg@10_base", "dense_seen_ndcg@10_base"} <= set(met) and "about trained documents" in r.output
     assert all("seen_ndcg@10" in row for row in met["history"])
     kept = [row for row in met["history"] if row["epoch"] == met["best_epoch"]]
-    assert cfg["improved_on_dev"] == (met["dev_ndcg@10_head"] > met["dev_ndcg@10_base"])
+    # the kept check's gain over the base, query by query on the 24 dev queries it is ranked on:
+    # its mean is the two dev figures' difference, and it counts only beyond its standard error
+    gain = met["dev_gain"]
+    assert gain["queries"] == met["dev_queries"] and gain["se"] > 0
+    assert gain["gain"] == pytest.approx(met["dev_ndcg@10_head"] - met["dev_ndcg@10_base"], abs=0.02)
+    assert cfg["improved_on_dev"] == (met["dev_ndcg@10_head"] > met["dev_ndcg@10_base"] and gain["gain"] > gain["se"])
+    assert f"paired standard error over {met['dev_queries']} queries" in r.output
     if cfg["improved_on_dev"]:  # a kept check: never below the base model on the held-out documents
         assert kept and kept[0]["unseen_ndcg@10"] >= met["unseen_ndcg@10_base"] and kept[0]["dev_ndcg@10"] == met["dev_ndcg@10_head"]
     # 0: judged on the held-out documents alone, as before
@@ -338,3 +344,30 @@ def test_dense_mode_trains_and_judges_the_dense_ranking_and_lexical_is_refused(t
     assert not any(k.startswith("dense_") for k in met) and "dev_ndcg@10_by_alpha" not in met
     r = CliRunner().invoke(main, ["train", "--out", str(tmp_path / "h2"), "--mode", "lexical", *common])
     assert r.exit_code == 2 and "--mode" in r.output and not (tmp_path / "h2").exists()
+
+
+def test_a_dev_gain_within_its_own_noise_is_refused_and_says_why():
+    """A check above the base model on a dozen dev queries by less than the gain's paired standard
+    error is not saved: the refusal names the gain, its error and the number of queries; a gain
+    beyond its error passes."""
+    from semsearch.api import NotImproved, _forced_note, _gate
+    from semsearch.training.query_tower import TowerResult
+    from semsearch.training.split import DevSplit
+
+    split = DevSplit(train=list(range(40)), dev=list(range(40, 52)), unseen=list(range(40, 52)), kind="documents")
+
+    def result(gain: float, se: float) -> TowerResult:
+        return TowerResult(tower=None, improved=gain > se, split=split, gate="unseen", rank="unseen", base={"unseen": 50.0},
+                           best={"unseen": 50.0 + gain}, best_epoch=1.0, noise={"gain": gain, "se": se, "queries": 12.0})
+
+    noisy = result(2.5, 3.1)
+    assert noisy.within_noise() and not noisy.improved
+    with pytest.raises(NotImproved) as e:
+        _gate(noisy, False, lambda s: None, "the trained query layers", "the base model", "they were", "them")
+    msg = str(e.value)
+    assert "by more than the gain's own noise" in msg and "+2.50 +/- 3.10" in msg and "over 12 queries" in msg
+    assert "within its noise" in _forced_note(noisy, "the trained query layers", "the base model", "they were")
+    clear = result(4.0, 1.5)
+    assert not clear.within_noise() and clear.improved
+    _gate(clear, False, lambda s: None, "the trained query layers", "the base model", "they were", "them")  # no refusal
+    assert "within its noise" not in clear.verdict() and "+4.00 +/- 1.50" in clear.verdict()

@@ -39,6 +39,12 @@ from semsearch.training.split import DevSplit
 
 log = logging.getLogger(__name__)
 
+# A head is saved only where its dev gain is larger than NOISE_Z standard errors of that gain
+# (paired, over the dev queries it is ranked on): a mean over a few queries moves by several
+# points when one of them moves a rank, and the best of ten checks picks such moves. With 10-20
+# dev queries (a user's 50 labelled pairs) a gain of a few points is noise; with SciFact's 244
+# it is not (docs/training.md, "Small data").
+NOISE_Z = 1.0
 FULL_SOFTMAX = 65_536  # corpora up to this many documents: every document is a negative of every query
 SAMPLED_NEGATIVES = 16_384  # larger ones: this many random documents a batch, plus the batch's positives
 
@@ -89,6 +95,13 @@ class TowerResult:
     pseudo: int = 0  # unlabelled pairs from the corpus trained on
     mode: str = "dense"  # the search mode of the gate's figures ("unseen", "dev"); dense_* are dense ones
     alpha_sweep: dict[str, float] = field(default_factory=dict)  # hybrid: dev nDCG@10 by fusion weight
+    # the kept check's gain over the base model on the queries it is ranked on: mean, its paired
+    # standard error and the number of queries (NOISE_Z); empty where no check was kept
+    noise: dict[str, float] = field(default_factory=dict)
+
+    def within_noise(self) -> bool:
+        """Whether the kept check beats the base model, by no more than NOISE_Z standard errors."""
+        return bool(self.noise) and 0 < self.noise["gain"] <= NOISE_Z * self.noise["se"]
 
     def verdict(self) -> str:
         if self.gate == "none":
@@ -104,6 +117,10 @@ class TowerResult:
                 figs += " (no better check kept the dense dev figure at the base model's or above)"
             elif not self.improved and self.rank != self.gate and self.best.get(self.gate, 1e9) < self.base.get(self.gate, 0):
                 figs += " (no better check kept the unseen-document dev figure at the base model's or above)"
+            if self.noise:
+                n = self.noise
+                figs += (f"; dev gain {n['gain']:+.2f} +/- {n['se']:.2f} (paired standard error over {int(n['queries'])} queries)"
+                         + (", within its noise: a head must beat the base model by more than that" if self.within_noise() else ""))
         secs = ", ".join(f"{k.replace('_', ' ')} {v} s" for k, v in self.seconds.items())
         return (f"{figs}; best check after {self.best_epoch:g} epoch(s){' (stopped early)' if self.stopped_early else ''}; "
                 f"{self.split.describe()}; {self.pseudo} pseudo-queries; {secs}")
@@ -116,6 +133,8 @@ class TowerResult:
                              "dev_split_note": self.split.note, "pseudo_queries": self.pseudo, "mode": self.mode}
         if self.alpha_sweep:
             m["dev_ndcg@10_by_alpha"] = self.alpha_sweep
+        if self.noise:
+            m["dev_gain"] = {k: round(v, 3) for k, v in self.noise.items()}
         for k, v in self.base.items():
             m[f"{k}_ndcg@10_base"] = round(v, 2)
         for k, v in self.best.items():
@@ -316,7 +335,7 @@ class _LexicalBias:
 
 
 def hybrid_ndcg10(qv: np.ndarray, pvec: np.ndarray, qidx: list[int], queries: list[str], lex, positives: dict[int, set[int]],
-                  alpha: float) -> float:
+                  alpha: float, per_query: dict[str, dict[str, float]] | None = None) -> float:
     """nDCG@10 of the convex fusion `semsearch query` runs (semsearch/fusion.py) over the passages:
     the union of both sides' top DEPTH, each scored exactly on both sides, fused (a long query's
     candidates holding all its terms first)."""
@@ -341,7 +360,7 @@ def hybrid_ndcg10(qv: np.ndarray, pvec: np.ndarray, qidx: list[int], queries: li
         if len(hashes) >= ALL_TERMS_MIN:  # a long query's chunks holding all its terms first, as search ranks them
             fused = all_terms_first(fused, lex.terms_of(hashes, lex.ids[cand]), sum(1 for h, _, _ in lex._terms(hashes) if counted(h)))
         run[str(q)] = {str(int(cand[j])): float(fused[j]) for j in top(cand, fused, 10)}
-    return trec_metrics({str(q): {str(p): 1 for p in positives[q]} for q in qidx}, run, [10])["ndcg@10"]
+    return trec_metrics({str(q): {str(p): 1 for p in positives[q]} for q in qidx}, run, [10], per_query=per_query)["ndcg@10"]
 
 
 # ---- training -------------------------------------------------------------------------------
@@ -452,6 +471,19 @@ class _TowerFit:
                 if f"dense_{k}" in out:
                     out[k] = hybrid_ndcg10(qv, self.pnorm, idx, data.queries, self.bias.lex, data.positives, self.cfg.alpha)
         return out
+
+    def per_query(self) -> np.ndarray:
+        """The layers' nDCG@10 of each query the checks are ranked on (self.rank), in the mode trained for."""
+        from semsearch.training.trainer import _ndcg10
+
+        idx = self.split.unseen if self.rank == "unseen" else self.split.dev
+        qv = self.query_vectors(idx)
+        got: dict[str, dict[str, float]] = {}
+        if self.bias is not None:
+            hybrid_ndcg10(qv, self.pnorm, idx, self.data.queries, self.bias.lex, self.data.positives, self.cfg.alpha, per_query=got)
+        else:
+            _ndcg10(qv, self.pvec, idx, self.data, per_query=got)
+        return np.array([got.get(str(q), {}).get("ndcg@10", 0.0) for q in idx], np.float64)
 
     def measure_base(self) -> None:
         """Fix BM25's part of the score (hybrid) and measure the base model: its figures, the gate and the rank."""
@@ -584,9 +616,20 @@ def train_query_tower(data: PairData, encoder, pvec: np.ndarray, cfg: TowerConfi
     fit = _TowerFit(data, tower, inputs, pvec, encoder.pooling, cfg, split)
     t1 = time.perf_counter()
     fit.measure_base()
+    start = copy.deepcopy(tower.state_dict())
     stopped = fit.train(rng, progress)
     gate, best = fit.gate, fit.best
     improved = gate != "none" and best[0] > fit.base[fit.rank]
+    noise: dict[str, float] = {}
+    if gate != "none" and best[3]:  # the kept check against the base, query by query
+        tower.eval()
+        tower.load_state_dict(start)  # the base model's layers
+        base_q = fit.per_query()
+        tower.load_state_dict(best[2])
+        diff = fit.per_query() - base_q
+        noise = {"gain": float(diff.mean()), "se": float(diff.std(ddof=1) / np.sqrt(len(diff))) if len(diff) > 1 else float("inf"),
+                 "queries": float(len(diff))}
+        improved = improved and noise["gain"] > NOISE_Z * noise["se"]
     if not best[3] and fit.unguarded[3]:
         best = fit.unguarded
     tower.load_state_dict(best[2])
@@ -595,7 +638,7 @@ def train_query_tower(data: PairData, encoder, pvec: np.ndarray, cfg: TowerConfi
     tower.corpus = data.corpus  # recorded in head.json by save_tower
     return TowerResult(tower=tower, improved=improved, split=split, gate=gate, rank=fit.rank, base=fit.base, best=best[3],
                        best_epoch=best[1], stopped_early=stopped, history=fit.history, pseudo=pseudo, mode=cfg.mode,
-                       alpha_sweep=sweep,
+                       alpha_sweep=sweep, noise=noise,
                        seconds={"frozen_layers": round(t_frozen, 1), "training": round(time.perf_counter() - t1, 1)})
 
 

@@ -161,13 +161,14 @@ class _Trainable(nn.Module):
 
 
 # ---- dev metric --------------------------------------------------------------------------
-def _ndcg10(qvec: np.ndarray, pvec: np.ndarray, qidx: list[int], data: PairData) -> float:
+def _ndcg10(qvec: np.ndarray, pvec: np.ndarray, qidx: list[int], data: PairData,
+            per_query: dict[str, dict[str, float]] | None = None) -> float:
     if not qidx:
         return 0.0
     scores, idx = exact_search(qvec[qidx], pvec, 100)
     run = {str(q): {str(int(p)): float(s) for s, p in zip(sr, ir) if p >= 0} for q, sr, ir in zip(qidx, scores, idx)}
     qrels = {str(q): {str(p): 1 for p in data.positives[q]} for q in qidx}
-    return trec_metrics(qrels, run, [10])["ndcg@10"]
+    return trec_metrics(qrels, run, [10], per_query=per_query)["ndcg@10"]
 
 
 def _dev_figures(qvec: np.ndarray, pvec: np.ndarray, split: DevSplit, data: PairData) -> dict[str, float]:
