@@ -162,7 +162,7 @@ def main() -> None:
     if saved:
         t_head, _ = sh("index", str(work / "corpus"), "--index", str(index), "--head", str(head), "--no-progress", *prec)
     cfg = json.loads((head / "head.json").read_text()) if saved else None
-    lines = [f"SciFact: trained on `train` ({' '.join(args.train_args) or 'default options'}), evaluated on `test` "
+    lines = [f"{Path(args.data).resolve().name}: trained on `train` ({' '.join(args.train_args) or 'default options'}), evaluated on `test` "
              f"(exact search over the index's first-chunk vectors, {m.precision}; hybrid: + BM25, convex, alpha {ALPHA})", "", format_table(rows), ""]
     if cfg:
         met = cfg["metrics"]
