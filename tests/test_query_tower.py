@@ -131,7 +131,7 @@ def test_the_gate_also_measures_queries_about_trained_documents(tmp_path):
     assert {"seen_ndcg@10_base", "dense_seen_ndcg@10_base"} <= set(met) and "about trained documents" in r.output
     assert all("seen_ndcg@10" in row for row in met["history"])
     kept = [row for row in met["history"] if row["epoch"] == met["best_epoch"]]
-    # the kept check's gain over the base, query by query on the 24 dev queries it is ranked on:
+    # the kept check's gain over the base, query by query on the dev queries it is ranked on:
     # its mean is the two dev figures' difference, and it counts only beyond its standard error
     gain = met["dev_gain"]
     assert gain["queries"] == met["dev_queries"] and gain["se"] > 0

@@ -495,6 +495,7 @@ class _TowerFit:
         # whole dev set, and one below the base model on the unseen-document queries is never kept:
         # a head may help with the documents it was trained on, never at the cost of new ones.
         self.rank = "dev" if self.gate == "unseen" and "seen" in base else self.gate
+        self.base_per_query = self.per_query() if self.gate != "none" else None  # what a kept check's gain is measured against
 
     def keeps(self, figs: dict[str, float]) -> bool:
         """Whether a check may be kept: its dense gate figure, and (ranked on all dev) its gate figure, not below the base's."""
@@ -616,17 +617,13 @@ def train_query_tower(data: PairData, encoder, pvec: np.ndarray, cfg: TowerConfi
     fit = _TowerFit(data, tower, inputs, pvec, encoder.pooling, cfg, split)
     t1 = time.perf_counter()
     fit.measure_base()
-    start = copy.deepcopy(tower.state_dict())
     stopped = fit.train(rng, progress)
     gate, best = fit.gate, fit.best
     improved = gate != "none" and best[0] > fit.base[fit.rank]
     noise: dict[str, float] = {}
     if gate != "none" and best[3]:  # the kept check against the base, query by query
-        tower.eval()
-        tower.load_state_dict(start)  # the base model's layers
-        base_q = fit.per_query()
         tower.load_state_dict(best[2])
-        diff = fit.per_query() - base_q
+        diff = fit.per_query() - fit.base_per_query
         noise = {"gain": float(diff.mean()), "se": float(diff.std(ddof=1) / np.sqrt(len(diff))) if len(diff) > 1 else float("inf"),
                  "queries": float(len(diff))}
         improved = improved and noise["gain"] > NOISE_Z * noise["se"]
