@@ -549,6 +549,15 @@ def verify(index: str | os.PathLike | None = None) -> list[str]:
     return verify_folder(index_path(index))
 
 
+def tune(index: str | os.PathLike | None = None, target_recall: float = 0.95) -> dict[str, Any]:
+    """Tune an index's approximate search again to `target_recall` (recall@10 against exact
+    search), as a build does, publishing only a new manifest; gives back what changed."""
+    from semsearch.store import index_path
+    from semsearch.store.folder import tune as tune_folder
+
+    return tune_folder(index_path(index), target_recall)
+
+
 def search_modes(folder: Path, manifest) -> str:
     """The search modes an index offers, read from its docstore (for `semsearch info`)."""
     from semsearch.store.lexical import ANALYZER

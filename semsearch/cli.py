@@ -347,6 +347,44 @@ def compact(index, shards, as_json):
                    f"({out['rows_before'] - out['chunks']} deleted dropped) in {out['seconds']:.2f} s")
 
 
+@main.command()
+@index_option
+@click.option("--target-recall", type=click.FloatRange(0.0, 1.0, min_open=True), default=0.95, show_default=True,
+              help="Tune each approximate segment to the cheapest search setting with this recall@10 against exact search.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@handle_errors
+def tune(index, target_recall, as_json):
+    """Tune an index's approximate search knobs again, without rebuilding it.
+
+    A build tunes each IVF or HNSW segment to --target-recall on a sample of its own vectors
+    (nprobe / efSearch; for ivf-fastscan also how many candidates are re-ranked exactly,
+    k_factor). This runs the same tuning on the index as it is and publishes the new knobs as a
+    new generation (only the manifest is written; running servers pick it up): for another
+    recall target, or for an index built by a version whose tuner knew fewer knobs.
+
+    \b
+    semsearch tune --index indexes/big --target-recall 0.97
+    """
+    from semsearch.api import tune as tune_index
+
+    out = tune_index(index, target_recall)
+    if as_json:
+        click.echo(json.dumps(out))
+        return
+    if not out["segments"]:
+        click.echo("nothing to tune: every segment is searched exactly (flat)")
+        return
+    for t in out["segments"]:
+        def knobs(side):
+            p = side["params"]
+            return ", ".join(f"{k}={p[k]}" for k in ("nprobe", "efSearch", "k_factor") if k in p)
+        was = (t["before"].get("recall") or {}).get("recall")
+        click.echo(f"segment {t['segment']} ({t['rows']} chunks): {knobs(t['before'])} -> {knobs(t['after'])}; "
+                   f"recall@10 {'?' if was is None else f'{was:.3f}'} -> {t['after']['recall']['recall']:.3f} "
+                   f"(target {out['target']})")
+    click.echo(f"tuned in {out['seconds']:.1f} s")
+
+
 @main.command("eval")
 @click.argument("dataset", required=False, type=click.Path(path_type=Path))
 @click.option("--split", default="test", show_default=True, help="Which qrels/<split>.tsv to evaluate on.")

@@ -75,7 +75,8 @@ def info_rows(folder, m) -> list[tuple[str, object]]:
     if m.index.get("recall"):
         r = m.index["recall"]
         rows.append(("index recall", f"{r['recall']:.3f} recall@{r['k']} against exact search on {r['queries']} queries "
-                                     f"(target {r['target']}{', ' + r['knob'] + '=' + str(r['value']) if 'knob' in r else ''})"))
+                                     f"(target {r['target']}{', ' + r['knob'] + '=' + str(r['value']) if 'knob' in r else ''}"
+                                     f"{', k_factor=' + str(r['k_factor']) if 'k_factor' in r else ''})"))
     return rows
 
 

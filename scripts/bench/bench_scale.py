@@ -13,12 +13,17 @@ Per size, each step in its own child process (so its memory is its own):
 - build: wall time, peak RSS, and the index folder's largest size while it was built (polled);
 - open: Retriever.load time and RSS in a fresh process, then --queries hybrid queries, and
   --queries / 3 dense and lexical ones: p50 / p99 of each mode, RSS after them;
-- dense recall@10 of 200 queries against exact search over every stored vector;
+- dense recall@10 of 200 queries against exact search over every stored vector, and those queries'
+  hybrid top 10 with the dense side's re-ranking capped at the fusion depth (store/vectors.py,
+  REFINE_K) against every k_factor x k candidate re-ranked (agreement and p50 of each);
 - one-document writes: upsert of a new ~700-word document (3 chunks), then its delete: time and
   bytes written, the first of the process and three more (/proc/self/io write_bytes).
 --baseline-ref REF: the same on the code of commit REF (a git worktree under /tmp), e.g. the last
 commit of the previous index format, at --baseline-sizes, in the same run. The CPU's flags and
 the load average are printed with the figures.
+--measure-only DIR [--retune R]: measure an index built before (e.g. on a quiet machine); --retune
+first runs `semsearch tune --target-recall R` on it (timed), as for an index whose build tuned
+fewer knobs.
 --memory-limit 1G: the measuring child runs in a memory cgroup (v1) of that limit, which counts
 the page cache of the mapped files too: the kernel must take pages back for the queries to go on,
 so the figures show what the index needs resident, not what an idle page cache kept of it.
@@ -171,6 +176,26 @@ def child_measure(index: Path, queries: int) -> dict:
     got = [{h.id for h in hits} for hits in r.search_batch(rq, k=10, mode="dense")]
     out["recall@10"] = float(np.mean([len(g & set(e.tolist())) / 10 for g, e in zip(got, best_i)]))
     out["index"] = {k: r.manifest.index.get(k) for k in ("type", "params", "recall")}
+    # hybrid with the dense side's re-ranking capped at its fusion depth (vectors.REFINE_K) against
+    # the same 200 queries with every k_factor * k candidate re-ranked: top-10 overlap and p50 of each
+    from semsearch.store import vectors as vectors_
+
+    if hasattr(vectors_, "REFINE_K"):
+        capped, ms_capped = [], []
+        for q in rq:
+            t0 = time.perf_counter()
+            capped.append([h.id for h in r.search(q, k=10, mode="hybrid")])
+            ms_capped.append((time.perf_counter() - t0) * 1000)
+        cap, vectors_.REFINE_K = vectors_.REFINE_K, 10 ** 9
+        full, ms_full = [], []
+        for q in rq:
+            t0 = time.perf_counter()
+            full.append([h.id for h in r.search(q, k=10, mode="hybrid")])
+            ms_full.append((time.perf_counter() - t0) * 1000)
+        vectors_.REFINE_K = cap
+        out["hybrid_capped"] = {"agreement@10": float(np.mean([len(set(a) & set(b)) / max(len(b), 1) for a, b in zip(capped, full)])),
+                                "p50_capped": float(np.percentile(ms_capped, 50)), "p50_full": float(np.percentile(ms_full, 50)),
+                                "n": len(rq)}
     out["segments"] = len(r.manifest.segments)
     out["chunks"] = int(r.manifest.counts.get("chunks", 0))
     if group:
@@ -281,6 +306,10 @@ def report(label: str, n: int, b: dict, m: dict) -> None:
     for mode in ("dense", "lexical", "hybrid"):
         print(f"{mode:<12} p50 {m[mode]['p50']:7.2f} ms  p99 {m[mode]['p99']:7.2f} ms  (n={m[mode]['n']})")
     print(f"recall@10    {m['recall@10']:.3f} (dense, 200 queries, against exact search; index {m['index']})")
+    if "hybrid_capped" in m:
+        h = m["hybrid_capped"]
+        print(f"hybrid cap   top-10 agreement {h['agreement@10']:.3f} with every k_factor x 100 candidate re-ranked; p50 "
+              f"{h['p50_capped']:.2f} ms capped vs {h['p50_full']:.2f} ms uncapped (same {h['n']} queries, after the others)")
     for w in ("upsert", "delete"):
         nxt = m.get(f"{w}_next") or []
         more = (f"; the next {len(nxt)}: " + ", ".join(f"{x['ms']:.0f} ms" for x in nxt)
@@ -304,6 +333,7 @@ def main() -> None:
     ap.add_argument("--baseline-ref")
     ap.add_argument("--baseline-sizes", default="1000000")
     ap.add_argument("--measure-only", type=Path)
+    ap.add_argument("--retune", type=float, help="with --measure-only: `semsearch tune --target-recall R` first")
     ap.add_argument("--vector-storage", choices=["fp32", "fp16"], help="the current code's builds store vectors so (default fp32)")
     ap.add_argument("--memory-limit", help="measure inside a memory cgroup of this size (page cache included), e.g. 1G")
     ap.add_argument("--child")
@@ -317,6 +347,12 @@ def main() -> None:
         return
     cgroup = memory_cgroup(_bytes(a.memory_limit)) if a.memory_limit else None
     if a.measure_only:  # measure a built index again (e.g. on a quiet machine): --measure-only DIR
+        print(f"CPU flags: {cpu_flags()}; {os.cpu_count()} cores; load average {os.getloadavg()[0]:.2f}", flush=True)
+        if a.retune:
+            t = time.perf_counter()
+            subprocess.run([sys.executable, "-m", "semsearch.cli", "tune", "--index", str(a.measure_only),
+                            "--target-recall", str(a.retune)], check=True, cwd=HERE.parent.parent)
+            print(f"semsearch tune: {time.perf_counter() - t:.1f} s (whole command); load average {os.getloadavg()[0]:.2f}", flush=True)
         m = run_child_peak("measure", [str(a.measure_only), str(a.queries)], cgroup=cgroup)
         n = m.get("chunks") or 0
         report(f"measured again: {a.measure_only}", n or 1, None, m)

@@ -23,7 +23,7 @@ from semsearch.store.files import DATA_FILE, DB_ERRORS, damaged, fsync_dir, fsyn
 from semsearch.store.docstore import DocStore, StoredFile
 from semsearch.store.kept import StatesFile, files_of
 from semsearch.store.manifest import FORMAT_VERSION, MANIFEST, PARTED_VERSION, Manifest
-from semsearch.store.segments import (SegmentedDocs, SegmentedVectors, Tombstones, live_counts, live_files, open_parts,
+from semsearch.store.segments import (Segment, SegmentedDocs, SegmentedVectors, Tombstones, live_counts, live_files, open_parts,
                                       segment_entry, select_sql)
 from semsearch.store.vecfile import MemoryVectors
 from semsearch.store.vectors import VectorIndex
@@ -604,3 +604,49 @@ def compact(folder: Path, shards: int | None = None) -> dict:
     return {"segments_before": before["segments"], "rows_before": before["rows"], "segments": len(m.segments),
             "chunks": m.counts["chunks"], "generation": m.generation, "shards": m.shards,
             "seconds": round(time.perf_counter() - t0, 3)}
+
+
+def tune(folder: Path, target: float = 0.95, sample: int = 500, k: int = 10) -> dict:
+    """Tune the search knobs of an index's approximate segments again, to recall@k `target`
+    against exact search, as the build does (merge.build_vectors: `sample` of each segment's own
+    vectors as queries, each one's own vector left out), and publish them as a new generation:
+    only the manifest changes, no data file is written. For an index built with another
+    --target-recall, or one built before the tuner knew a knob (fast scan's k_factor).
+    Gives back the segments tuned, with their knobs and recall before and after."""
+    import dataclasses
+    import time
+
+    from semsearch.store.merge import tune_segment
+
+    if not 0 < target <= 1:
+        raise InputError(f"--target-recall must be in (0, 1], got {target}")
+    t0 = time.perf_counter()
+    folder = Path(folder)
+    base = Manifest.load(folder)
+    writer = IndexWriter(folder, base.dim, base)
+    tuned = []
+    try:
+        for b in writer.base_segments:
+            entry = b.entry
+            if (entry.get("index") or {}).get("type", "flat") == "flat" or not entry.get("rows"):
+                continue
+            seg = Segment(folder, entry)
+            try:
+                if seg.vecs is None:
+                    raise InputError(f"{folder}: segment {entry['id']} keeps its vectors in an older format; "
+                                     "run `semsearch compact` first, then tune")
+                before = {"params": dict(entry["index"].get("params") or {}), "recall": entry["index"].get("recall")}
+                recall = tune_segment(seg.vectors, seg.vecs, target, k, sample)
+            finally:
+                seg.close()
+            entry["index"] = {**entry["index"], "params": dict(seg.vectors.params), "recall": recall}
+            tuned.append({"segment": entry["id"], "rows": entry["rows"], "before": before,
+                          "after": {"params": entry["index"]["params"], "recall": recall}})
+        if not tuned:
+            writer.abort()
+        else:
+            writer.commit(dataclasses.replace(base, index=dict(base.index)), merge="none")
+    except BaseException:
+        writer.abort()
+        raise
+    return {"segments": tuned, "target": target, "seconds": round(time.perf_counter() - t0, 2)}

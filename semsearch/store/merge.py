@@ -448,17 +448,24 @@ def build_vectors(vecs, dim: int, requested: str, n: int, target: float, params:
         entry: dict[str, Any] = {"type": kind, "params": vi.params, "trained_on": trained_on,
                                  "bytes_per_vector": bytes_per_vector(kind, dim), "built_on": vi.built_on}
         if kind != "flat" and n > k:
-            rng = np.random.default_rng(0)
-            if tune_queries is not None and len(tune_queries):
-                queries, self_ids = np.ascontiguousarray(tune_queries, np.float32), None
-            else:  # held-out corpus vectors: each query's own vector is excluded from both lists
-                pick = np.sort(rng.choice(len(vecs), min(sample, len(vecs)), replace=False))
-                queries, self_ids = vecs.at_positions(pick), vecs.ids[pick].copy()
-            exact = exact_knn(queries, vecs.iter(65536), k, self_ids)
-            entry["recall"] = tune(vi, queries, exact, k, target, self_ids)
+            entry["recall"] = tune_segment(vi, vecs, target, k, sample, tune_queries)
             entry["params"] = vi.params
         entry["build_seconds"] = round(time.perf_counter() - t0, 2)
         return vi, entry
+
+
+def tune_segment(vi: VectorIndex, vecs, target: float, k: int = 10, sample: int = 500,
+                 tune_queries: np.ndarray | None = None) -> dict[str, Any]:
+    """Tune vi's search knobs (vectors.tune) to recall@k `target` against exact search over
+    `vecs` (a segment's vector file, or the rows a writer holds): on `tune_queries`, else on
+    `sample` of the segment's own vectors, each one's own vector left out of both lists."""
+    if tune_queries is not None and len(tune_queries):
+        queries, self_ids = np.ascontiguousarray(tune_queries, np.float32), None
+    else:
+        pick = np.sort(np.random.default_rng(0).choice(len(vecs), min(sample, len(vecs)), replace=False))
+        queries, self_ids = vecs.at_positions(pick), vecs.ids[pick].copy()
+    exact = exact_knn(queries, vecs.iter(65536), k, self_ids)
+    return tune(vi, queries, exact, k, target, self_ids)
 
 
 def fits(trained: VectorIndex | None, kind: str, n: int, ids: np.ndarray | None = None) -> bool:

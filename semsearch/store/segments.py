@@ -348,6 +348,8 @@ def open_parts(folder: Path, manifest, device: str = "cpu", reuse: dict | None =
             if reuse:
                 rec = ((entry.get("integrity") or {}).get("files") or {}).get(entry["docs"], {})
                 seg = reuse.get((entry["docs"], rec.get("fingerprint", "")))
+                if seg is not None and (seg.entry.get("index") or {}).get("params") != (entry.get("index") or {}).get("params"):
+                    seg = None  # its search knobs were tuned again (folder.tune): opened with the new ones
             if seg is None:
                 seg = Segment(folder, entry, device, light)
                 opened.append(seg)

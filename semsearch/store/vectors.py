@@ -38,6 +38,22 @@ AUTO_FLAT_BELOW = 50_000  # exact search of 50k x 384 takes a few ms: no reason 
 KNOBS = {"ivf": "nprobe", "ivf-fastscan": "nprobe", "ivf-sq8": "nprobe", "hnsw": "efSearch"}
 KNOB_STEPS = {"nprobe": [1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 512, 1024],
               "efSearch": [16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024]}
+# ivf-fastscan ranks the probed lists' 4-bit codes and re-ranks its best k_factor * k exactly. At
+# 10M chunks the codes rank too coarsely for k_factor 100: recall@10 stayed at 0.937 from nprobe 128
+# to 1,024, while k_factor 300 gave 0.998 at nprobe 128 (docs/benchmarks.md, "Ten million chunks").
+# tune() raises k_factor along these steps where the lists probed already hold the true neighbours.
+K_FACTOR_STEPS = [100, 200, 300, 500, 1000]
+# Recall is tuned at k = 10 (merge.build_vectors). A deeper search (hybrid asks the dense side for
+# its fusion depth, 100) re-ranks k_factor candidates for each of the first REFINE_K results and
+# one more for each result after them, not k_factor * k: at k_factor 100 that is 1,090 rows read
+# from the vector file a query instead of 10,000, and the first 10 are found as well as at k = 10.
+REFINE_K = 10
+
+
+def refine_depth(k: int, k_factor: float, ntotal: int) -> int:
+    """How many fast-scan candidates a top-k search re-ranks exactly (see REFINE_K)."""
+    head = min(k, REFINE_K)
+    return max(1, min(int(k_factor * head) + (k - head), max(ntotal, 1)))
 
 
 def bytes_per_vector(kind: str, dim: int, hnsw_m: int = 32) -> int:
@@ -477,7 +493,7 @@ class VectorIndex:
 
         q = np.ascontiguousarray(queries, np.float32)
         if self.refine is not None:
-            kk = min(k * int(self.params.get("k_factor", 1)), max(self.ntotal, 1))
+            kk = refine_depth(k, self.params.get("k_factor", 1), self.ntotal)
             return self._rerank(q, self._plain_search(q, kk)[1], k)
         return self._plain_search(q, k)
 
@@ -539,7 +555,7 @@ class VectorIndex:
         else:
             raise InputError(f"unknown index type {self.kind!r}")
         k = max(1, min(k, len(allowed)))
-        kk = min(k * int(self.params.get("k_factor", 1)), max(self.ntotal, 1)) if self.refine is not None else k
+        kk = refine_depth(k, self.params.get("k_factor", 1), self.ntotal) if self.refine is not None else k
         if len(q) > 4:
             got = index.search(q, kk, params=params)
         else:
@@ -639,21 +655,66 @@ def _search_excluding(vi: VectorIndex, queries: np.ndarray, k: int, self_ids: np
 def tune(vi: VectorIndex, queries: np.ndarray, exact_ids: np.ndarray, k: int, target: float,
          self_ids: np.ndarray | None = None) -> dict[str, Any]:
     """Set the cheapest search knob whose recall@k against exact_ids meets target; gives back
-    {knob, value, recall, target, queries}. Where none does, the largest setting tried is kept.
-    With self_ids (corpus vectors used as queries), each query's own vector is not counted."""
+    {knob, value, recall, target, queries} (fast scan: and k_factor). Where none does, the largest
+    setting tried is kept. With self_ids (corpus vectors used as queries), each query's own vector
+    is not counted.
+
+    Fast scan (re-ranked from a vector file) has two knobs: a true neighbour is found when its list
+    is probed (nprobe) and its codes rank it among the k_factor * k candidates re-ranked. At each
+    step where recall is short, the share of the true neighbours whose lists were probed says
+    which one is short: where the lists probed already hold `target` of them, k_factor goes up a
+    step (K_FACTOR_STEPS), else nprobe does."""
     if vi.kind == "flat":
         return {"recall": 1.0, "target": target, "k": k, "queries": len(queries)}
     knob = KNOBS[vi.kind]
     steps = list(KNOB_STEPS[knob])
     if knob == "nprobe":
         steps = [s for s in steps if s <= vi.params["nlist"]] or [vi.params["nlist"]]
-    best = None
-    for value in steps:
-        vi.set_knob(value)
+    factors = K_FACTOR_STEPS if vi.external_refine else []
+    if factors:
+        vi.params["k_factor"] = factors[0]
+    best, i, j = None, 0, 0
+    while True:
+        vi.set_knob(steps[i])
         r = recall_at(_search_excluding(vi, queries, k, self_ids), exact_ids)
-        best = {"knob": knob, "value": value, "recall": round(r, 4), "target": target, "k": k, "queries": len(queries)}
+        best = {"knob": knob, "value": steps[i], "recall": round(r, 4), "target": target, "k": k, "queries": len(queries)}
+        if factors:
+            best["k_factor"] = factors[j]
         if r >= target:
+            break
+        more_factor = j + 1 < len(factors)
+        if more_factor and (i + 1 == len(steps) or _probed_share(vi, queries, exact_ids, steps[i]) >= target):
+            j += 1
+            vi.params["k_factor"] = factors[j]
+        elif i + 1 < len(steps):
+            i += 1
+        else:
             break
     if best["recall"] < target:
         log.warning("%s: recall@%d %.3f is below the target %.2f even at %s=%d", vi.kind, k, best["recall"], target, knob, best["value"])
     return best
+
+
+def _probed_share(vi: VectorIndex, queries: np.ndarray, exact_ids: np.ndarray, nprobe: int) -> float:
+    """The share of the exact neighbours (exact_ids, -1 padded) that lie in the nprobe lists a
+    search probes: the recall an IVF search reaches at this nprobe when every probed vector is
+    ranked exactly. Each neighbour's list is the quantizer's nearest centroid to its stored vector
+    (how it was added, up to the rounding of fp16 storage)."""
+    import faiss
+
+    ivf = faiss.extract_index_ivf(vi.index)
+    q = np.ascontiguousarray(queries, np.float32)
+    _, probed = ivf.quantizer.search(q, nprobe)
+    uniq = np.unique(exact_ids[exact_ids >= 0])
+    vecs = vi.reconstruct(uniq) if len(uniq) else None
+    if vecs is None:
+        return 1.0
+    _, lists = ivf.quantizer.search(np.ascontiguousarray(vecs, np.float32), 1)
+    list_of = dict(zip(uniq.tolist(), lists[:, 0].tolist()))
+    hits = []
+    for row, lst in zip(exact_ids, probed):
+        row = row[row >= 0]
+        if len(row):
+            inside = set(lst.tolist())
+            hits.append(sum(list_of[int(x)] in inside for x in row) / len(row))
+    return float(np.mean(hits)) if hits else 1.0
