@@ -5,6 +5,7 @@
     python scripts/train_scifact.py -- --train-layers 0     # anything after -- goes to `semsearch train`
     python scripts/train_scifact.py --reuse-index --pairs-sample 50 --sample-seed 1   # 50 labelled pairs of train
     python scripts/train_scifact.py --data ../shared/data/beir/nfcorpus --work results/nfcorpus_work   # another BEIR set
+    python scripts/train_scifact.py --reuse-index --no-labels      # no qrels: the corpus's pseudo-queries only
 
 Steps (each timed):
 (1) index the SciFact corpus (`--text-column title,text`, so each document's first chunk is the
@@ -15,7 +16,10 @@ Steps (each timed):
     index's vectors of each document's first chunk, dense and hybrid (BM25 over each document's
     text, fused as `semsearch query` fuses): overall, on the test queries whose relevant
     documents were never positives of the train split ("unseen"), and on the rest;
-(4) `semsearch index --head` on the index: records the head; no document is re-encoded.
+(4) `semsearch index --head` on the index: records the head; no document is re-encoded
+    (--no-index-head skips it: an index copied to another work folder names its corpus's old path).
+The .json also holds the gate's verdict ("gate": improved_on_dev, the dev gain and its standard
+error, within_noise) and the run's data options, for scripts/gpu_train_sweep.py.
 With `-- --train-layers 0` (a pooling head), step 1 keeps token states and step 3 re-pools them.
 """
 from __future__ import annotations
@@ -62,6 +66,23 @@ def sample_pairs(data: Path, out: Path, n: int, seed: int) -> Path:
     return out
 
 
+def gate_verdict(cfg: dict | None, rc: int) -> dict:
+    """What `semsearch train`'s dev gate said of the saved head (head.json): improved_on_dev, the dev
+    gain and its paired standard error, and whether that gain is within its noise (query_tower's
+    TowerResult.within_noise: 0 < gain <= NOISE_Z x se). With --force a head is saved either way."""
+    from semsearch.training.query_tower import NOISE_Z
+
+    if not cfg:
+        return {"saved": False, "train_exit": rc}
+    met = cfg.get("metrics", {})
+    gain = met.get("dev_gain") or {}
+    rank = met.get("ranked_by") or met.get("gate")
+    return {"saved": True, "train_exit": rc, "improved_on_dev": cfg.get("improved_on_dev"), "dev_gain": gain or None,
+            "within_noise": bool(gain) and 0 < gain["gain"] <= NOISE_Z * gain["se"], "ranked_by": rank,
+            "dev_base": met.get(f"{rank}_ndcg@10_base"), "dev_head": met.get(f"{rank}_ndcg@10_head"),
+            "best_epoch": met.get("best_epoch"), "dev_queries": met.get("dev_queries"), "dev_split": met.get("dev_split")}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", default=str(REPO.parent / "shared" / "data" / "beir" / "scifact"))
@@ -72,8 +93,14 @@ def main() -> None:
     ap.add_argument("--pairs-sample", type=int, default=0,
                     help="train on this many (query, document) pairs drawn from the train qrels (0: all), as a user with few labels")
     ap.add_argument("--sample-seed", type=int, default=0, help="the draw of --pairs-sample")
+    ap.add_argument("--no-labels", action="store_true",
+                    help="train on the index alone (`semsearch train` without --beir: pseudo-queries from the corpus); test as usual")
+    ap.add_argument("--no-index-head", action="store_true", help="skip step 4 (`semsearch index --head`)")
     ap.add_argument("train_args", nargs="*", help="extra `semsearch train` options (after --)")
     args = ap.parse_args()
+    if args.no_labels and args.pairs_sample:
+        sys.exit("--no-labels trains on no pairs: drop --pairs-sample")
+    dataset = Path(args.data).resolve().name  # before --pairs-sample points args.data at the sample
     if args.pairs_sample:
         args.data = str(sample_pairs(Path(args.data), Path(f"{args.work}-pairs-{args.pairs_sample}-{args.sample_seed}"),
                                      args.pairs_sample, args.sample_seed))
@@ -91,7 +118,8 @@ def main() -> None:
         t_index, _ = sh("index", str(work / "corpus"), "--index", str(index), "--text-column", "title,text", "--no-progress",
                         *(["--keep-states"] if pooling_head else []), *prec)
     shutil.rmtree(head, ignore_errors=True)
-    t_train, rc = sh("train", "--beir", args.data, "--split", "train", "--index", str(index), "--out", str(head),
+    labels = [] if args.no_labels else ["--beir", args.data, "--split", "train"]
+    t_train, rc = sh("train", *labels, "--index", str(index), "--out", str(head),
                      "--cache", str(cache), "--no-progress", *prec, *args.train_args, check=False)
     saved = (head / "head.json").exists()
 
@@ -130,7 +158,9 @@ def main() -> None:
         if saved:
             tuned = Encoder(precision=m.precision, head=load_head(head, enc.fingerprint))
             vectors["query layers"] = (tuned.encode_queries(test.query_texts), dvec)
-    train_docs = {d for q in read_qrels(Path(args.data) / "qrels" / "train.tsv").values() for d, r in q.items() if r > 0}
+    # --no-labels: no labelled positive was trained on, so every test query is about unseen documents
+    train_docs = set() if args.no_labels else {
+        d for q in read_qrels(Path(args.data) / "qrels" / "train.tsv").values() for d, r in q.items() if r > 0}
     unseen = {q: r for q, r in test.qrels.items() if not any(d in train_docs for d, v in r.items() if v > 0)}
     seen = {q: r for q, r in test.qrels.items() if q not in unseen}
     unseen_head = None
@@ -159,10 +189,11 @@ def main() -> None:
             rows.append(row)
     t_eval = time.perf_counter() - t
     t_head = None
-    if saved:
+    if saved and not args.no_index_head:
         t_head, _ = sh("index", str(work / "corpus"), "--index", str(index), "--head", str(head), "--no-progress", *prec)
     cfg = json.loads((head / "head.json").read_text()) if saved else None
-    lines = [f"{Path(args.data).resolve().name}: trained on `train` ({' '.join(args.train_args) or 'default options'}), evaluated on `test` "
+    trained_on = "the corpus's pseudo-queries (no labels)" if args.no_labels else "`train`"
+    lines = [f"{Path(args.data).resolve().name}: trained on {trained_on} ({' '.join(args.train_args) or 'default options'}), evaluated on `test` "
              f"(exact search over the index's first-chunk vectors, {m.precision}; hybrid: + BM25, convex, alpha {ALPHA})", "", format_table(rows), ""]
     if cfg:
         met = cfg["metrics"]
@@ -180,7 +211,10 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".md").write_text(text)
     out.with_suffix(".json").write_text(json.dumps({"rows": rows, "head": cfg, "train_args": args.train_args, "seconds": {
-        "first_index": t_index, "train": t_train, "index_head": t_head, "eval": t_eval}}, indent=2))
+        "first_index": t_index, "train": t_train, "index_head": t_head, "eval": t_eval},
+        "data": {"dataset": dataset, "pairs_sample": args.pairs_sample,
+                 "sample_seed": args.sample_seed if args.pairs_sample else None, "no_labels": args.no_labels},
+        "gate": gate_verdict(cfg, rc)}, indent=2))
     print(text)
 
 
