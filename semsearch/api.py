@@ -400,7 +400,9 @@ def _gate(res, force: bool, log: Log, what: str, base: str, were: str, them: str
         raise NotImproved(f"no dev set (--dev-fraction 0), so nothing checked {what} and {were} not saved ({verdict}). "
                           f"Use --force to save {them} anyway.")
     if not res.improved and not force:
-        beyond = " by more than the gain's own noise" if _within_noise(res) else ""
+        beyond = (" by more than the gain's own noise" if _within_noise(res)
+                  else " on enough dev queries to tell" if getattr(res, "too_few", lambda: False)() and res.noise.get("gain", 0) > 0
+                  else "")
         raise NotImproved(f"{what} did not beat {base} on the {'unseen-document ' if res.gate == 'unseen' else ''}dev set{beyond}, "
                           f"so {were} not saved ({verdict}). Use --force to save {them} anyway.")
 

@@ -351,16 +351,17 @@ def test_a_dev_gain_within_its_own_noise_is_refused_and_says_why():
     error is not saved: the refusal names the gain, its error and the number of queries; a gain
     beyond its error passes."""
     from semsearch.api import NotImproved, _forced_note, _gate
-    from semsearch.training.query_tower import TowerResult
+    from semsearch.training.query_tower import MIN_DEV_QUERIES, TowerResult, passes_gate
     from semsearch.training.split import DevSplit
 
     split = DevSplit(train=list(range(40)), dev=list(range(40, 52)), unseen=list(range(40, 52)), kind="documents")
 
-    def result(gain: float, se: float) -> TowerResult:
-        return TowerResult(tower=None, improved=gain > se, split=split, gate="unseen", rank="unseen", base={"unseen": 50.0},
-                           best={"unseen": 50.0 + gain}, best_epoch=1.0, noise={"gain": gain, "se": se, "queries": 12.0})
+    def result(gain: float, se: float, queries: float = 60.0) -> TowerResult:
+        noise = {"gain": gain, "se": se, "queries": queries}
+        return TowerResult(tower=None, improved=passes_gate(noise), split=split, gate="unseen", rank="unseen", base={"unseen": 50.0},
+                           best={"unseen": 50.0 + gain}, best_epoch=1.0, noise=noise)
 
-    noisy = result(2.5, 3.1)
+    noisy = result(2.5, 3.1, 12.0)
     assert noisy.within_noise() and not noisy.improved
     with pytest.raises(NotImproved) as e:
         _gate(noisy, False, lambda s: None, "the trained query layers", "the base model", "they were", "them")
@@ -371,3 +372,9 @@ def test_a_dev_gain_within_its_own_noise_is_refused_and_says_why():
     assert not clear.within_noise() and clear.improved
     _gate(clear, False, lambda s: None, "the trained query layers", "the base model", "they were", "them")  # no refusal
     assert "within its noise" not in clear.verdict() and "+4.00 +/- 1.50" in clear.verdict()
+    # beyond its error but ranked on too few dev queries (200 NFCorpus pairs left 32): refused, saying so
+    few = result(4.0, 1.5, MIN_DEV_QUERIES - 18)
+    assert not few.improved and few.too_few() and not few.within_noise()
+    with pytest.raises(NotImproved) as e:
+        _gate(few, False, lambda s: None, "the trained query layers", "the base model", "they were", "them")
+    assert "on enough dev queries to tell" in str(e.value) and f"a head is saved only when {MIN_DEV_QUERIES} or more" in str(e.value)

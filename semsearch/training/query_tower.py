@@ -45,6 +45,12 @@ log = logging.getLogger(__name__)
 # dev queries (a user's 50 labelled pairs) a gain of a few points is noise; with SciFact's 244
 # it is not (docs/training.md, "Small data").
 NOISE_Z = 1.0
+# ... and only where it was ranked on this many dev queries or more. Per-query gains are mostly 0
+# with a few of +-30 to 100 points, so their standard error from a few dozen is itself unsure:
+# 200 labelled NFCorpus pairs left 32 dev queries, whose base nDCG@10 was 3.8 (each held one of
+# its ~40 relevant documents labelled), and a gain of +1.24 +/- 1.15 there passed NOISE_Z
+# (docs/training.md, "The gate on a GPU sweep"). 200 SciFact pairs leave 51-60.
+MIN_DEV_QUERIES = 50
 FULL_SOFTMAX = 65_536  # corpora up to this many documents: every document is a negative of every query
 SAMPLED_NEGATIVES = 16_384  # larger ones: this many random documents a batch, plus the batch's positives
 
@@ -103,6 +109,10 @@ class TowerResult:
         """Whether the kept check beats the base model, by no more than NOISE_Z standard errors."""
         return bool(self.noise) and 0 < self.noise["gain"] <= NOISE_Z * self.noise["se"]
 
+    def too_few(self) -> bool:
+        """Whether the kept check was ranked on fewer than MIN_DEV_QUERIES dev queries."""
+        return bool(self.noise) and self.noise["queries"] < MIN_DEV_QUERIES
+
     def verdict(self) -> str:
         if self.gate == "none":
             figs = "no dev set"
@@ -120,7 +130,9 @@ class TowerResult:
             if self.noise:
                 n = self.noise
                 figs += (f"; dev gain {n['gain']:+.2f} +/- {n['se']:.2f} (paired standard error over {int(n['queries'])} queries)"
-                         + (", within its noise: a head must beat the base model by more than that" if self.within_noise() else ""))
+                         + (", within its noise: a head must beat the base model by more than that" if self.within_noise() else "")
+                         + (f"; too few dev queries to tell a gain from noise (a head is saved only when {MIN_DEV_QUERIES} or more rank it)"
+                            if self.too_few() else ""))
         secs = ", ".join(f"{k.replace('_', ' ')} {v} s" for k, v in self.seconds.items())
         return (f"{figs}; best check after {self.best_epoch:g} epoch(s){' (stopped early)' if self.stopped_early else ''}; "
                 f"{self.split.describe()}; {self.pseudo} pseudo-queries; {secs}")
@@ -601,6 +613,12 @@ class _TowerFit:
         return sweep
 
 
+def passes_gate(noise: dict[str, float]) -> bool:
+    """The kept check's dev gain over the base model (gain, se, queries) is one a head is saved
+    for: beyond NOISE_Z standard errors, on MIN_DEV_QUERIES dev queries or more."""
+    return noise["gain"] > NOISE_Z * noise["se"] and noise["queries"] >= MIN_DEV_QUERIES
+
+
 def train_query_tower(data: PairData, encoder, pvec: np.ndarray, cfg: TowerConfig, split: DevSplit,
                       progress: bool | None = None, pseudo: int = 0) -> TowerResult:
     """Train the top cfg.layers layers of the query encoder so that each training query's vector
@@ -626,7 +644,7 @@ def train_query_tower(data: PairData, encoder, pvec: np.ndarray, cfg: TowerConfi
         diff = fit.per_query() - fit.base_per_query
         noise = {"gain": float(diff.mean()), "se": float(diff.std(ddof=1) / np.sqrt(len(diff))) if len(diff) > 1 else float("inf"),
                  "queries": float(len(diff))}
-        improved = improved and noise["gain"] > NOISE_Z * noise["se"]
+        improved = improved and passes_gate(noise)
     if not best[3] and fit.unguarded[3]:
         best = fit.unguarded
     tower.load_state_dict(best[2])
