@@ -253,31 +253,8 @@ __attribute__((constructor)) static void forward_init(void) {
 EOF
 }
 
-stage() {
-    mkdir -p "$STASH"
-    local f got=0
-    for f in "$PARTS"/payload.tar.xz.part* "$PARTS"/SHA256SUMS; do
-        [ -f "$f" ] || continue
-        cp -f "$f" "$STASH/" && got=$((got + 1))
-    done
-    echo "staged $got file(s) from $PARTS into $STASH; the stash holds: $(cd "$STASH" && ls | tr '\n' ' ')"
-}
-
-# Are all parts in the stash, with their checksums? Prints what is missing.
-parts_complete() {
-    [ -f "$STASH/SHA256SUMS" ] || { echo "no SHA256SUMS in $STASH: carry $PARTS/SHA256SUMS"; return 1; }
-    local missing
-    missing=$(awk '$2 != "WHOLE" {print $2}' "$STASH/SHA256SUMS" | while read -r p; do [ -f "$STASH/$p" ] || echo "$p"; done)
-    if [ -n "$missing" ]; then echo "missing in $STASH: $missing (carry them from $PARTS; run --stage)"; return 1; fi
-    (cd "$STASH" && grep -v ' WHOLE$' SHA256SUMS | sha256sum -c --quiet) || { echo "a part's checksum differs"; return 1; }
-    local whole
-    whole=$(cat "$STASH"/payload.tar.xz.part* | sha256sum | cut -d' ' -f1)
-    grep -q "^$whole  WHOLE$" "$STASH/SHA256SUMS" || { echo "the joined parts' checksum differs"; return 1; }
-}
-
-unxz_stream() {
-    if command -v xz >/dev/null 2>&1; then xz -dc; else "$PYTHON" -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.stdin.buffer), sys.stdout.buffer, 1 << 20)'; fi
-}
+PART_NAME=payload.tar.xz
+. scripts/gpu_parts.sh  # stage, parts_complete, unxz_stream
 
 case "$MODE" in
     prepare) prepare; exit $? ;;
