@@ -61,7 +61,8 @@ def test_train_record_and_query_with_trained_query_layers(tmp_path):
     assert r.exit_code == 0, r.output
     head = tmp_path / "h"
     r = CliRunner().invoke(main, ["train", "--beir", str(ds), "--index", str(idx), "--out", str(head), "--train-layers", "1",
-                                  "--epochs", "2", "--batch-size", "8", "--lr", "1e-4", "--cache", str(tmp_path / "c"), "--force", *common])
+                                  "--epochs", "2", "--batch-size", "8", "--lr", "1e-4", "--cache", str(tmp_path / "c"), "--force",
+                                  "--mode", "hybrid", *common])
     assert r.exit_code == 0, r.output
     assert "vectors of 32 of 32 passages from" in r.output
     assert "+ 32 pseudo-queries from the corpus (titles)" in r.output
@@ -69,7 +70,7 @@ def test_train_record_and_query_with_trained_query_layers(tmp_path):
     cfg = json.loads((head / "head.json").read_text())
     assert cfg["kind"] == "query-layers" and cfg["layers"] == 1 and cfg["first_layer"] == 5 and cfg["doc_pooling"] == "mean"
     assert cfg["metrics"]["pseudo_queries"] == 32 and cfg["metrics"]["dev_split"] == "documents"
-    # trained and judged for hybrid search by default, dense figures beside
+    # trained and judged for hybrid search (--mode hybrid), dense figures beside
     met = cfg["metrics"]
     assert cfg["hyperparameters"]["mode"] == "hybrid" and met["mode"] == "hybrid" and "trained query layers, hybrid" in r.output
     assert {"dev_ndcg@10_base", "dense_dev_ndcg@10_base", "dense_dev_ndcg@10_head"} <= set(met)
@@ -121,7 +122,7 @@ def test_the_gate_also_measures_queries_about_trained_documents(tmp_path):
     held-out documents."""
     ds = write_beir(tmp_path / "ds", topics=20, more_queries=2)  # 40 documents, 3 train queries each
     args = ["train", "--beir", str(ds), "--out", str(tmp_path / "h"), "--train-layers", "1", "--epochs", "1", "--batch-size", "16",
-            "--lr", "1e-4", "--cache", str(tmp_path / "c"), "--precision", "fp32", "--no-progress", "--force"]
+            "--lr", "1e-4", "--cache", str(tmp_path / "c"), "--precision", "fp32", "--no-progress", "--force", "--mode", "hybrid"]
     r = CliRunner().invoke(main, args)
     assert r.exit_code == 0, r.output
     cfg = json.loads((tmp_path / "h" / "head.json").read_text())
@@ -337,10 +338,11 @@ def test_dense_mode_trains_and_judges_the_dense_ranking_and_lexical_is_refused(t
     ds = write_beir(tmp_path / "ds")
     common = ["--beir", str(ds), "--train-layers", "1", "--epochs", "1", "--batch-size", "8", "--precision", "fp32",
               "--no-progress", "--force", "--cache", str(tmp_path / "c")]
-    r = CliRunner().invoke(main, ["train", "--out", str(tmp_path / "h"), "--mode", "dense", *common])
+    r = CliRunner().invoke(main, ["train", "--out", str(tmp_path / "h"), *common])  # dense: the default
     assert r.exit_code == 0, r.output
-    met = json.loads((tmp_path / "h" / "head.json").read_text())["metrics"]
-    assert met["mode"] == "dense" and "dev_ndcg@10_base" in met
+    cfg = json.loads((tmp_path / "h" / "head.json").read_text())
+    met = cfg["metrics"]
+    assert cfg["hyperparameters"]["mode"] == "dense" and met["mode"] == "dense" and "dev_ndcg@10_base" in met
     assert not any(k.startswith("dense_") for k in met) and "dev_ndcg@10_by_alpha" not in met
     r = CliRunner().invoke(main, ["train", "--out", str(tmp_path / "h2"), "--mode", "lexical", *common])
     assert r.exit_code == 2 and "--mode" in r.output and not (tmp_path / "h2").exists()

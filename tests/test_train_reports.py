@@ -89,7 +89,7 @@ def test_a_forced_save_says_it_did_not_improve_on_dev_and_was_saved_because_of_f
     ds = write_beir(tmp_path / "ds")
     out = tmp_path / "h"
     r = CliRunner().invoke(main, ["train", "--beir", str(ds), "--out", str(out), "--train-layers", "1", "--epochs", "1",
-                                  "--lr", "0", "--batch-size", "8", "--cache", str(tmp_path / "c"), "--force", *FP32])
+                                  "--lr", "0", "--batch-size", "8", "--cache", str(tmp_path / "c"), "--force", "--mode", "hybrid", *FP32])
     assert r.exit_code == 0, r.output
     cfg = json.loads((out / "head.json").read_text())
     met = cfg["metrics"]
