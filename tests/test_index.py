@@ -233,18 +233,23 @@ def test_no_pickle_in_index(sample_index):
     assert not any(p.suffix in (".pkl", ".pickle") for p in sample_index.iterdir())
 
 
+def _word_files(root, n: int, seed: int):
+    """n small text files of 12 words drawn from 300 (a corpus for the approximate index types)."""
+    root.mkdir()
+    words = [f"w{i}" for i in range(300)]
+    rng = np.random.default_rng(seed)
+    for f in range(n):
+        (root / f"f{f}.txt").write_text(" ".join(rng.choice(words, 12)))
+    return root
+
+
 @pytest.mark.parametrize("kind", ["ivf", "ivf-fastscan", "ivf-sq8", "hnsw"])
 def test_approximate_index_types_update_delete_and_tune(kind, tmp_path, fake_encoder):
     """Every index type keeps working through incremental updates and deletes, and records its
     tuned knob and measured recall in the manifest."""
     from semsearch.indexing import VectorSettings
 
-    root = tmp_path / "c"
-    root.mkdir()
-    words = [f"w{i}" for i in range(300)]
-    rng = np.random.default_rng(0)
-    for f in range(60):
-        (root / f"f{f}.txt").write_text(" ".join(rng.choice(words, 12)))
+    root = _word_files(tmp_path / "c", 60, seed=0)
     folder = tmp_path / "idx"
     vs = VectorSettings(index_type=kind, target_recall=0.9)
     index_corpus(root, folder, fake_encoder, vectors=vs)
@@ -294,12 +299,7 @@ def test_tune_command_retunes_in_place_and_readers_follow(tmp_path, fake_encoder
     a Retriever that was open searches with them after its refresh."""
     from semsearch.indexing import VectorSettings
 
-    root = tmp_path / "c"
-    root.mkdir()
-    words = [f"w{i}" for i in range(300)]
-    rng = np.random.default_rng(1)
-    for f in range(80):
-        (root / f"f{f}.txt").write_text(" ".join(rng.choice(words, 12)))
+    root = _word_files(tmp_path / "c", 80, seed=1)
     folder = tmp_path / "idx"
     index_corpus(root, folder, fake_encoder, vectors=VectorSettings(index_type="ivf-fastscan", target_recall=0.5))
     before = Manifest.load(folder)
@@ -454,3 +454,68 @@ def test_an_index_trained_ahead_and_partly_filled_is_completed_by_the_merge(tmp_
     assert [sorted(a.tolist()) for a in part.lists()] == [sorted(b.tolist()) for b in whole.lists()]
     q = x[::97]
     np.testing.assert_array_equal(part.search(q, 10)[1], whole.search(q, 10)[1])
+
+
+def test_tune_while_threads_and_asyncio_search(tmp_path, fake_encoder):
+    """semsearch.api.tune publishes its generation while 6 threads and 6 asyncio tasks search the
+    index through one Retriever: no search fails or comes back empty, a second tune at the same
+    time is refused (the index's one writer) or runs after, and the readers end on the new knobs."""
+    import asyncio
+    import threading
+
+    from semsearch.api import tune as tune_index
+    from semsearch.errors import IndexLocked
+    from semsearch.indexing import VectorSettings
+
+    root = _word_files(tmp_path / "c", 80, seed=2)
+    folder = tmp_path / "idx"
+    index_corpus(root, folder, fake_encoder, vectors=VectorSettings(index_type="ivf-fastscan", target_recall=0.5))
+    r = Retriever.load(folder, encoder=fake_encoder)
+    stop, errors, counts = threading.Event(), [], {"searches": 0}
+
+    def search_loop() -> None:
+        while not stop.is_set():
+            try:
+                assert r.search("w1 w2 w3", k=5, mode="dense")
+                counts["searches"] += 1
+            except Exception as e:  # noqa: BLE001 (reported below)
+                errors.append(e)
+
+    async def search_tasks() -> None:
+        async def one() -> None:
+            while not stop.is_set():
+                try:
+                    assert await asyncio.to_thread(r.search, "w4 w5", 5, "hybrid")
+                    counts["searches"] += 1
+                except Exception as e:  # noqa: BLE001
+                    errors.append(e)
+        await asyncio.gather(*(one() for _ in range(6)))
+
+    outcomes = []
+
+    def tune_once() -> None:
+        try:
+            outcomes.append(tune_index(folder, 0.9)["segments"][0]["after"]["params"]["nprobe"])
+        except IndexLocked:
+            outcomes.append("locked")
+
+    threads = [threading.Thread(target=search_loop) for _ in range(6)]
+    threads.append(threading.Thread(target=lambda: asyncio.run(search_tasks())))
+    for t in threads:
+        t.start()
+    tuners = [threading.Thread(target=tune_once) for _ in range(2)]
+    for t in tuners:
+        t.start()
+    for t in tuners:
+        t.join()
+    r.refresh()
+    import time
+
+    time.sleep(0.3)  # searches on the new generation too
+    stop.set()
+    for t in threads:
+        t.join()
+    assert not errors, errors[:3]
+    assert counts["searches"] > 0 and 2 in outcomes and set(outcomes) <= {2, "locked"}
+    assert Manifest.load(folder).segments[0]["index"]["params"]["nprobe"] == 2
+    assert r._gen.vectors.parts[0].segment.vectors.params["nprobe"] == 2
