@@ -68,9 +68,10 @@ def sample_pairs(data: Path, out: Path, n: int, seed: int) -> Path:
 
 def gate_verdict(cfg: dict | None, rc: int) -> dict:
     """What `semsearch train`'s dev gate said of the saved head (head.json): improved_on_dev, the dev
-    gain and its paired standard error, and whether that gain is within its noise (query_tower's
-    TowerResult.within_noise: 0 < gain <= NOISE_Z x se). With --force a head is saved either way."""
-    from semsearch.training.query_tower import NOISE_Z
+    gain, its paired standard error and the best-of-checks p value, and whether that gain is within
+    its noise (query_tower's TowerResult.within_noise: 0 < gain and (gain <= NOISE_Z x se or
+    p > GATE_P)). With --force a head is saved either way."""
+    from semsearch.training.query_tower import GATE_P, NOISE_Z
 
     if not cfg:
         return {"saved": False, "train_exit": rc}
@@ -78,7 +79,8 @@ def gate_verdict(cfg: dict | None, rc: int) -> dict:
     gain = met.get("dev_gain") or {}
     rank = met.get("ranked_by") or met.get("gate")
     return {"saved": True, "train_exit": rc, "improved_on_dev": cfg.get("improved_on_dev"), "dev_gain": gain or None,
-            "within_noise": bool(gain) and 0 < gain["gain"] <= NOISE_Z * gain["se"], "ranked_by": rank,
+            "within_noise": bool(gain) and 0 < gain["gain"] and (gain["gain"] <= NOISE_Z * gain["se"] or gain.get("p", 0) > GATE_P),
+            "ranked_by": rank,
             "dev_base": met.get(f"{rank}_ndcg@10_base"), "dev_head": met.get(f"{rank}_ndcg@10_head"),
             "best_epoch": met.get("best_epoch"), "dev_queries": met.get("dev_queries"), "dev_split": met.get("dev_split")}
 

@@ -137,8 +137,13 @@ def test_the_gate_also_measures_queries_about_trained_documents(tmp_path):
     gain = met["dev_gain"]
     assert gain["queries"] == met["dev_queries"] and gain["se"] > 0
     assert gain["gain"] == pytest.approx(met["dev_ndcg@10_head"] - met["dev_ndcg@10_base"], abs=0.02)
-    assert cfg["improved_on_dev"] == (met["dev_ndcg@10_head"] > met["dev_ndcg@10_base"] and gain["gain"] > gain["se"])
+    from semsearch.training.query_tower import passes_gate
+
+    # ... and the best of the checks that could be kept gains that much by luck rarely enough (p)
+    assert 0 < gain["p"] <= 1 and 1 <= gain["checks"] <= len(met["history"])
+    assert cfg["improved_on_dev"] == (met["dev_ndcg@10_head"] > met["dev_ndcg@10_base"] and passes_gate(gain))
     assert f"paired standard error over {met['dev_queries']} queries" in r.output
+    assert f"the best of {int(gain['checks'])} check(s) gains that much by luck" in r.output
     if cfg["improved_on_dev"]:  # a kept check: never below the base model on the held-out documents
         assert kept and kept[0]["unseen_ndcg@10"] >= met["unseen_ndcg@10_base"] and kept[0]["dev_ndcg@10"] == met["dev_ndcg@10_head"]
     # 0: judged on the held-out documents alone, as before
@@ -346,6 +351,45 @@ def test_dense_mode_trains_and_judges_the_dense_ranking_and_lexical_is_refused(t
     assert not any(k.startswith("dense_") for k in met) and "dev_ndcg@10_by_alpha" not in met
     r = CliRunner().invoke(main, ["train", "--out", str(tmp_path / "h2"), "--mode", "lexical", *common])
     assert r.exit_code == 2 and "--mode" in r.output and not (tmp_path / "h2").exists()
+
+
+def test_the_best_of_several_noisy_checks_is_not_taken_for_a_gain():
+    """The gate's p value counts the kept check as the best of several: of ten checks of noise, the
+    best beats the base model by 1.9 standard errors (NOISE_Z alone would save it, and alone it
+    would be a 3% fluke), yet as the best of ten its p value is above GATE_P; the same checks with
+    a real gain get one far below it."""
+    from semsearch.training.query_tower import GATE_P, NOISE_Z, best_check_p
+
+    rng = np.random.default_rng(3)
+    gains = rng.normal(0, 20, size=(10, 200)) + rng.normal(0, 5, size=200)  # per-query gains, a shared part
+    gains -= gains.mean(axis=1, keepdims=True)  # every check's mean 0 ...
+    se = gains.std(axis=1, ddof=1) / np.sqrt(200)
+    gains[7] += 1.9 * se[7]  # ... but one, 1.9 standard errors up: the best, kept check
+    gains[:7] += rng.uniform(-1, 1, size=(7, 1)) * se[:7, None]
+    assert gains.mean(axis=1).argmax() == 7 and gains[7].mean() > NOISE_Z * se[7]
+    alone, of_ten = best_check_p(gains[7:8]), best_check_p(gains)
+    assert alone < GATE_P < of_ten, (alone, of_ten)
+    assert best_check_p(gains + 6.0) < 0.01  # every check ~6 points up, ~4 standard errors: a gain
+    assert best_check_p(gains) == of_ten  # the flips are seeded: the same verdict every run
+
+
+def test_a_gain_luck_gives_the_best_check_is_refused_and_says_why():
+    """A check past NOISE_Z on enough queries whose gain the best of its checks reaches by luck in
+    more than GATE_P of sign flips is not saved, and the refusal says how often luck gives it."""
+    from semsearch.api import NotImproved, _gate
+    from semsearch.training.query_tower import GATE_P, MIN_DEV_QUERIES, TowerResult, passes_gate
+    from semsearch.training.split import DevSplit
+
+    split = DevSplit(train=list(range(40)), dev=list(range(40, 240)), unseen=list(range(40, 240)), kind="documents")
+    noise = {"gain": 0.60, "se": 0.37, "queries": float(MIN_DEV_QUERIES + 120), "p": 0.21, "checks": 9.0}
+    res = TowerResult(tower=None, improved=passes_gate(noise), split=split, gate="unseen", rank="unseen", base={"unseen": 5.19},
+                      best={"unseen": 5.79}, best_epoch=1.0, noise=noise)
+    assert not res.improved and res.within_noise()
+    with pytest.raises(NotImproved) as e:
+        _gate(res, False, lambda s: None, "the trained query layers", "the base model", "they were", "them")
+    assert "the best of 9 check(s) gains that much by luck in 21.0% of sign flips" in str(e.value)
+    assert f"saved at {GATE_P:.0%} or less" in str(e.value)
+    assert passes_gate(dict(noise, p=GATE_P / 2)) and not passes_gate(dict(noise, p=GATE_P * 2))
 
 
 def test_a_dev_gain_within_its_own_noise_is_refused_and_says_why():
