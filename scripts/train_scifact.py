@@ -176,18 +176,27 @@ def main() -> None:
     lex = LexicalIndex.from_texts(test.doc_texts)
     rows = []
     for mode in ("dense", "hybrid"):
+        per_q: dict[str, dict[str, dict[str, float]]] = {}  # name -> query -> nDCG@10 (for the gain's test noise)
         for name, (qv, dv) in vectors.items():
             s, i = exact_search(qv, dv, 100)
             run = to_run(test.query_ids, test.doc_ids, s, i)
             if mode == "hybrid":  # BM25 over the documents' whole text, fused as `semsearch query` fuses
                 run = hybrid_run(test, qv, dv, s, i, lex, 100, "convex", ALPHA)
-            mt = trec_metrics(test.qrels, run, [10, 100])
+            per_q[name] = {}
+            mt = trec_metrics(test.qrels, run, [10, 100], per_query=per_q[name])
             row = {"mode": mode, "queries": name, "ndcg@10": round(mt["ndcg@10"], 2), "recall@100": round(mt["recall@100"], 2)}
             for label, part in ((f"unseen docs ({len(unseen)} q)", unseen), (f"seen docs ({len(seen)} q)", seen)):
                 # (NFCorpus: every test query has a relevant document among the train split's positives)
                 row[f"ndcg@10 {label}"] = round(trec_metrics(part, run, [10])["ndcg@10"], 2) if part else "-"
             if unseen_head:
                 row[f"ndcg@10 docs the head never trained on ({len(unseen_head)} q)"] = round(trec_metrics(unseen_head, run, [10])["ndcg@10"], 2)
+            if len(per_q) == 2:  # the head against the base, query by query: the gain and its paired standard error
+                (_, base_q), (_, head_q) = per_q.items()
+                for label, part in (("", test.qrels), ("unseen docs ", unseen)):
+                    if part:
+                        d = np.array([head_q.get(q, {}).get("ndcg@10", 0.0) - base_q.get(q, {}).get("ndcg@10", 0.0) for q in part])
+                        se = d.std(ddof=1) / np.sqrt(len(d)) if len(d) > 1 else float("nan")
+                        row[f"test gain {label}+/- se"] = f"{d.mean():+.2f} +/- {se:.2f}"
             rows.append(row)
     t_eval = time.perf_counter() - t
     t_head = None
