@@ -273,16 +273,17 @@ class Sweep:
                  f"indexes: {', '.join(f'{k} {v}' for k, v in self.indexes.items())}", "",
                  "Test nDCG@10, base model -> trained query layers (every head saved with --force). "
                  "Gate: what `semsearch train` would have done without --force: saved (improved on dev), "
-                 "within noise (dev gain > 0 but <= 1 standard error), or not improved. "
+                 "within noise (dev gain > 0 but <= 1 standard error, or the best of its checks gains that much by luck in more than 5% of sign flips: p), or not improved. "
                  "unseen: test queries none of whose relevant documents is a positive of the training pairs "
                  "('-' where there is none, as on NFCorpus with all train pairs).", "",
-                 "| run | data | options | s | status | gate | dev gain ± se (q) | dense | hybrid | dense unseen | hybrid unseen |",
+                 "| run | data | options | s | status | gate | dev gain ± se (q), p | dense | hybrid | dense unseen | hybrid unseen |",
                  "| --- | --- | --- | ---: | --- | --- | --- | --- | --- | --- | --- |"]
         for j in self.jobs:
             opts = shlex.join(j.run.script + ["--"] + j.run.train) if j.run.script else shlex.join(j.run.train)
             g = (j.result.get("gate") or {})
             gain = g.get("dev_gain") or {}
-            gcell = f"{gain['gain']:+.2f} ± {gain['se']:.2f} ({int(gain['queries'])})" if gain else "-"
+            gcell = (f"{gain['gain']:+.2f} ± {gain['se']:.2f} ({int(gain['queries'])})"
+                     + (f", p {gain['p']:.3g}" if "p" in gain else "")) if gain else "-"
             rows = j.result.get("rows") or []
             lines.append(f"| {j.run.name} | {j.run.data} | {opts} | {j.seconds if j.seconds is not None else '-'} | {j.status} "
                          f"| {gate_cell(j)} | {gcell} | {fig(rows, 'dense', 'ndcg@10')} | {fig(rows, 'hybrid', 'ndcg@10')} "
