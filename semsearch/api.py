@@ -400,7 +400,8 @@ def _gate(res, force: bool, log: Log, what: str, base: str, were: str, them: str
         raise NotImproved(f"no dev set (--dev-fraction 0), so nothing checked {what} and {were} not saved ({verdict}). "
                           f"Use --force to save {them} anyway.")
     if not res.improved and not force:
-        beyond = (" by more than the gain's own noise" if _within_noise(res)
+        beyond = (" of real queries: it had no labelled pairs" if getattr(res, "proxy", False)
+                  else " by more than the gain's own noise" if _within_noise(res)
                   else " on enough dev queries to tell" if getattr(res, "too_few", lambda: False)() and res.noise.get("gain", 0) > 0
                   else "")
         raise NotImproved(f"{what} did not beat {base} on the {'unseen-document ' if res.gate == 'unseen' else ''}dev set{beyond}, "
@@ -532,6 +533,8 @@ def _train_query_layers(out, layers, pseudo_queries, epochs, patience, lr, weigh
     if sp.note:
         log(f"note: {sp.note}")
     res = qt.train_query_tower(data, enc, pvec, cfg, sp, progress, pseudo=n_pseudo)
+    if unlabelled_only:
+        res.refuse_proxy()
     _gate(res, force, log, "the trained query layers", f"the base model ({mode})", "they were", "them")
     info = qt.save_tower(res.tower, out, {
         "base_model": enc.name, "base_model_fingerprint": enc.fingerprint, "max_length": enc.max_length, "doc_pooling": enc.pooling,

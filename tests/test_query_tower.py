@@ -177,9 +177,14 @@ def test_query_layers_train_on_an_index_alone(tmp_path):
     idx = tmp_path / "idx"
     common = ["--precision", "fp32", "--no-progress"]
     assert CliRunner().invoke(main, ["index", str(ds / "corpus.jsonl"), "--index", str(idx), "--text-column", "title,text", *common]).exit_code == 0
-    r = CliRunner().invoke(main, ["train", "--index", str(idx), "--out", str(tmp_path / "h"), "--train-layers", "1", "--epochs", "1",
-                                  "--batch-size", "8", "--force", *common])
+    args = ["train", "--index", str(idx), "--out", str(tmp_path / "h"), "--train-layers", "1", "--epochs", "1", "--batch-size", "8", *common]
+    # without --force nothing is saved, whatever the pseudo-query dev set says: it measures no real query
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 1 and not (tmp_path / "h").exists(), r.output
+    assert "of real queries: it had no labelled pairs" in r.output and "give labelled pairs with --beir or --pairs" in r.output
+    r = CliRunner().invoke(main, args + ["--force"])
     assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "h" / "head.json").read_text())["improved_on_dev"] is False
     assert "training on" in r.output and "(unlabelled): 0 queries, 0 pairs, 32 passages" in r.output
     assert "vectors of 32 of 32 passages from" in r.output and "+ 32 pseudo-queries from the corpus (first sentences)" in r.output
     assert json.loads((tmp_path / "h" / "head.json").read_text())["kind"] == "query-layers"

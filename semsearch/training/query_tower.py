@@ -121,6 +121,17 @@ class TowerResult:
     # the kept check's gain over the base model on the queries it is ranked on: mean, its paired
     # standard error and the number of queries (NOISE_Z); empty where no check was kept
     noise: dict[str, float] = field(default_factory=dict)
+    # trained on the corpus's pseudo-queries alone (no labelled pairs), so the dev set is
+    # pseudo-queries too: it shows how titles find their own documents, not how a user's queries
+    # do, and is never enough to save a head (see refuse_proxy)
+    proxy: bool = False
+
+    def refuse_proxy(self) -> None:
+        """No labels: nothing measures the user's queries, so the head is not saved unless forced.
+        Measured (docs/training.md, "What it gains"): on SciFact and NFCorpus such heads never
+        raised hybrid search (-0.11 to -0.33 in four runs, two modes), while their dev figure,
+        near its ceiling (96-100), rose or stayed."""
+        self.proxy, self.improved = True, False
 
     def within_noise(self) -> bool:
         """Whether the kept check beats the base model, but by no more than NOISE_Z standard errors,
@@ -154,6 +165,10 @@ class TowerResult:
                          + (", within its noise: a head must beat the base model by more than that" if self.within_noise() else "")
                          + (f"; too few dev queries to tell a gain from noise (a head is saved only when {MIN_DEV_QUERIES} or more rank it)"
                             if self.too_few() else ""))
+        if self.proxy:
+            figs += ("; trained on pseudo-queries alone (no labelled pairs), so the dev set is pseudo-queries too: it shows how"
+                     " titles find their own documents, not how your queries do, and saves no head (on two datasets such heads"
+                     " did not raise hybrid search; give labelled pairs with --beir or --pairs)")
         secs = ", ".join(f"{k.replace('_', ' ')} {v} s" for k, v in self.seconds.items())
         return (f"{figs}; best check after {self.best_epoch:g} epoch(s){' (stopped early)' if self.stopped_early else ''}; "
                 f"{self.split.describe()}; {self.pseudo} pseudo-queries; {secs}")
