@@ -222,6 +222,63 @@ def test_a_build_read_in_a_reader_process_writes_what_one_process_does(tmp_path,
     np.testing.assert_allclose(va, vb, atol=1e-6)
 
 
+def test_a_reader_process_stopped_and_resumed_over_and_over_sends_every_frame_whole(tmp_path, read_ahead, monkeypatch):
+    """SIGSTOP and SIGCONT of the reader process (a build suspended with Ctrl-Z and resumed, or a
+    job scheduler pausing it) while its frames, larger than a pipe holds, wait on a full pipe: the
+    build gets every frame whole and writes the index one process writes. Through a buffered file
+    object, such a build failed on a corrupt frame (a UnicodeDecodeError out of pickle)."""
+    import signal
+
+    from semsearch.engines import reader
+
+    monkeypatch.setattr(reader, "GROUP_CHARS", 200_000)  # frames of ~200 KB: several pipe-fulls each
+    monkeypatch.setattr(reader, "QUEUE_MESSAGES", 2)  # the pipe fills while the build writes
+    src = tmp_path / "c"
+    src.mkdir()
+    for f in range(6):
+        (src / f"f{f:02d}.txt").write_text("\n\n".join(f"file {f} paragraph {i} about topic{(f * 7 + i) % 5} " + "más palabras " * 40
+                                                      for i in range(150)))
+
+    class Slow(FakeEncoder):  # the build a little slower than the reader, so that the reader waits on the pipe
+        def encode(self, texts, progress=None):
+            time.sleep(0.002)
+            return super().encode(texts, progress)
+
+    done = threading.Event()
+
+    def pester():
+        while not read_ahead and not done.is_set():
+            time.sleep(0.001)
+        stops = 0
+        while not done.is_set():
+            pid = read_ahead[0]._proc.pid
+            try:
+                os.kill(pid, signal.SIGSTOP)
+                time.sleep(0.005)
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                break
+            stops += 1
+            time.sleep(0.01)
+        stopped.append(stops)
+
+    stopped: list[int] = []
+    t = threading.Thread(target=pester, daemon=True)
+    t.start()
+    try:
+        rep_a = index_corpus(src, tmp_path / "ahead", Slow(), flush_chunks=64, progress=False).as_dict()
+    finally:
+        done.set()
+        t.join(10)
+    assert len(read_ahead) == 1 and stopped and stopped[0] >= 20, stopped  # it was stopped and resumed many times
+    monkeypatch.setattr(reader, "READ_AHEAD_BYTES", 1 << 60)
+    rep_b = index_corpus(src, tmp_path / "here", FakeEncoder(), flush_chunks=64, progress=False).as_dict()
+    assert rep_a["chunks"] == rep_b["chunks"] > 0 and rep_a["documents"] == rep_b["documents"]
+    (ra, va, fa), (rb, vb, fb) = dump(tmp_path / "ahead"), dump(tmp_path / "here")
+    assert ra == rb and fa == fb
+    np.testing.assert_allclose(va, vb, atol=1e-6)
+
+
 def test_reader_process_errors_are_the_builds_own(tmp_path, read_ahead, caplog):
     """A JSONL file with a bad line after many documents (some sent, some written): the run fails
     naming the file and line, and the index is as it was; under --skip-errors the line is

@@ -119,7 +119,7 @@ def main() -> None:
     """`python -m semsearch.engines.reader`: the job on stdin (pickled: the build's sys.path, then
     the jobs and chunking settings), frames on stdout (4-byte length, pickled message)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the build's to handle: it stops this process
-    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    stdin, stdout = sys.stdin.buffer, sys.stdout.fileno()
     sys.stdout = sys.stderr  # nothing else may write into the frames
     path, job = pickle.load(stdin)
     sys.path[:] = path  # where the encoder's tokenizer callable is importable from (a test's module, say)
@@ -127,20 +127,31 @@ def main() -> None:
 
     def out(msg: tuple) -> None:
         data = pickle.dumps(msg, pickle.HIGHEST_PROTOCOL)
-        stdout.write(_LEN.pack(len(data)))
-        stdout.write(data)
+        write_all(stdout, _LEN.pack(len(data)) + data)
 
     root = logging.getLogger()
     root.addHandler(_Forward(out))
     root.setLevel(logging.INFO)
     try:
         _reader(jobs, offsets, chunking, read, out)
-        stdout.flush()
     except BrokenPipeError:  # the build stopped reading (it failed, or was killed): nothing to flush to
         os._exit(0)
 
 
 _LEN = struct.Struct("<I")
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """Write all of data to a pipe's file descriptor, one os.write after another.
+
+    Not a buffered file object's write: a build suspended and resumed (Ctrl-Z then `fg`, SIGSTOP
+    and SIGCONT) while a frame was going through io.BufferedWriter into a full pipe lost or
+    repeated bytes of it on CPython 3.11, and the build failed on a corrupt frame
+    (tests/test_index_pipeline.py stops and resumes a build's processes). os.write gives back how
+    much of each call went through, so the loop writes each byte once."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 class ReadAhead:
@@ -161,7 +172,7 @@ class ReadAhead:
         self._thread = threading.Thread(target=self._pump, name="semsearch-read", daemon=True)
         self._thread.start()
         try:
-            self._proc.stdin.write(pickle.dumps((list(sys.path), job), pickle.HIGHEST_PROTOCOL))
+            write_all(self._proc.stdin.fileno(), pickle.dumps((list(sys.path), job), pickle.HIGHEST_PROTOCOL))
             self._proc.stdin.close()
         except BrokenPipeError:
             pass  # it failed to start: _get says how
