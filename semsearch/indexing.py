@@ -717,39 +717,45 @@ class _Updating:
         batch, self.pending = self.pending, []
         if batch:
             texts = [embedding_text(c.context, c.text) for c in batch]  # a chunk's titles, then its text
+            keys = self.cache.keys(texts) if self.cache is not None and not self.keep_states else None
             self.written += len(batch)
             if not overlap_safe(self.encoder):
                 self._write_inflight()
                 future: Future = Future()
-                future.set_result(self._embed(texts))  # encoded here, written with the next batch as the thread's are
+                future.set_result(self._embed(texts, keys))  # encoded here, written with the next batch as the thread's are
             else:
                 if self._pool is None:
                     self._pool = ThreadPoolExecutor(1, thread_name_prefix="semsearch-encode")
-                future = self._pool.submit(self._embed, texts)
+                future = self._pool.submit(self._embed, texts, keys)
                 self._write_inflight()
             self._inflight = (batch, future)
         if wait:
             self._write_inflight()
 
-    def _embed(self, texts: list[str]):
+    def _embed(self, texts: list[str], keys: list[bytes] | None):
+        """(vectors, token states or None, vectors to put in the resume cache): the encoding
+        thread's work, no more (the cache's keys were hashed before, its inserts come after)."""
         encoder = self.encoder
         if self.keep_states:
             vecs, states = encoder.encode_with_states(texts, progress=False)
-            return vecs, list(zip(states, token_table(encoder, texts)))
-        if self.cache is not None:
-            return self.cache.encode(encoder, texts), None
-        return encoder.encode(texts, progress=False), None
+            return vecs, list(zip(states, token_table(encoder, texts))), []
+        if keys is not None:
+            vecs, new = self.cache.encode_deferred(encoder, texts, keys)
+            return vecs, None, new
+        return encoder.encode(texts, progress=False), None, []
 
     def _write_inflight(self) -> None:
         if self._inflight is None:
             return
         batch, future = self._inflight
         self._inflight = None
-        vecs, states = future.result()
+        vecs, states, new = future.result()
         if states is not None:
             for c, (st, tb) in zip(batch, states):
                 c.state = self.writer.append_states(st, tb)
         self.writer.vectors.add(self.store.add_chunks(batch, vecs), vecs)
+        if new:
+            self.cache.put(new)
         self.report.chunks += len(batch)
 
     def close(self) -> None:

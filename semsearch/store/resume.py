@@ -72,7 +72,31 @@ class ResumeCache:
 
     def encode(self, encoder, texts: list[str]) -> np.ndarray:
         """Vectors (n, d) for texts: from the cache where they are, else encoded and cached."""
-        keys = [self._h(t) for t in texts]
+        out, new = self.encode_deferred(encoder, texts, [self._h(t) for t in texts])
+        self.put(new)
+        return out
+
+    def keys(self, texts: list[str]) -> list[bytes]:
+        """The cache's keys of texts (hashes): computed where the caller has time (the build's
+        thread), not in the encoding thread, which a GPU waits on."""
+        return [self._h(t) for t in texts]
+
+    def put(self, new: list[tuple[bytes, np.ndarray]]) -> None:
+        """Cache the vectors encode_deferred encoded: the build calls this as it writes their batch,
+        in its own thread, so that the encoding thread goes on to the next batch meanwhile (a crash
+        in between costs that batch's encoding on resume, no more)."""
+        if not new:
+            return
+        try:
+            self.db.executemany("INSERT OR REPLACE INTO vectors VALUES (?, ?, ?)",
+                                [(h, np.ascontiguousarray(v, np.float32).tobytes(), self.run) for h, v in new])
+            self.db.commit()
+        except sqlite3.Error as e:
+            log.warning("%s: could not write the resume cache (%s)", self.path, e)
+
+    def encode_deferred(self, encoder, texts: list[str], keys: list[bytes]) -> tuple[np.ndarray, list[tuple[bytes, np.ndarray]]]:
+        """Vectors (n, d) for texts (with their keys): from the cache where they are, else encoded;
+        and the (key, vector) pairs encoded, for put()."""
         found: dict[bytes, np.ndarray] = {}
         earlier: set[bytes] = set()  # found, and written by another run
         try:
@@ -89,20 +113,16 @@ class ResumeCache:
         found = {h: v for h, v in found.items() if v.shape == (encoder.out_dim,)}
         todo = [i for i, h in enumerate(keys) if h not in found]
         out = np.empty((len(texts), encoder.out_dim), np.float32)
+        encoded: list[tuple[bytes, np.ndarray]] = []
         if todo:
             new = encoder.encode([texts[i] for i in todo], progress=False)
             out[todo] = new
-            try:
-                self.db.executemany("INSERT OR REPLACE INTO vectors VALUES (?, ?, ?)",
-                                    [(keys[i], np.ascontiguousarray(v, np.float32).tobytes(), self.run) for i, v in zip(todo, new)])
-                self.db.commit()
-            except sqlite3.Error as e:
-                log.warning("%s: could not write the resume cache (%s)", self.path, e)
+            encoded = [(keys[i], v) for i, v in zip(todo, out[todo])]
         for i, h in enumerate(keys):
             if h in found:
                 out[i] = found[h]
         self.reused += sum(1 for h in keys if h in found and h in earlier)
-        return out
+        return out, encoded
 
     def forget(self) -> None:
         """Drop every cached vector: the run published the files they belong to (a long run's
