@@ -72,7 +72,7 @@ class ResumeCache:
 
     def encode(self, encoder, texts: list[str]) -> np.ndarray:
         """Vectors (n, d) for texts: from the cache where they are, else encoded and cached."""
-        out, new = self.encode_deferred(encoder, texts, [self._h(t) for t in texts])
+        out, new = self.encode_deferred(encoder, texts, self.keys(texts))
         self.put(new)
         return out
 
@@ -117,7 +117,7 @@ class ResumeCache:
         if todo:
             new = encoder.encode([texts[i] for i in todo], progress=False)
             out[todo] = new
-            encoded = [(keys[i], v) for i, v in zip(todo, out[todo])]
+            encoded = [(keys[i], v) for i, v in zip(todo, new)]
         for i, h in enumerate(keys):
             if h in found:
                 out[i] = found[h]

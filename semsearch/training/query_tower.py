@@ -572,6 +572,7 @@ class _TowerFit:
         self.unguarded = self.best  # hybrid: the best check whatever its dense figure (what --force saves if no check kept it)
         self.history: list[dict[str, float]] = []
         self.kept_gains: list[np.ndarray] = []
+        self.best_gains: np.ndarray | None = None  # the kept check's gains over the base, query by query
         self.since_best, stopped = 0, False
         for epoch in range(cfg.epochs):
             pairs = epoch_pairs(split.train, data.positives, cfg.positives_per_query, rng)
@@ -628,10 +629,13 @@ class _TowerFit:
             row.update({f"{k}_ndcg@10": round(v, 2) for k, v in figs.items()})
             if figs[rank] > self.unguarded[0]:
                 self.unguarded = (figs[rank], row["epoch"], copy.deepcopy(tower.state_dict()), figs)
-            if self.keeps(figs):  # one the best could be chosen from: its gains, query by query, for the gate's p value
-                self.kept_gains.append(self.per_query() - self.base_per_query)
-            if figs[rank] > self.best[0] and self.keeps(figs):
+            kept = self.keeps(figs)
+            if kept:  # one the best could be chosen from: its gains, query by query, for the gate's p value
+                gains = self.per_query() - self.base_per_query
+                self.kept_gains.append(gains)
+            if figs[rank] > self.best[0] and kept:
                 self.best, self.since_best = (figs[rank], row["epoch"], copy.deepcopy(tower.state_dict()), figs), 0
+                self.best_gains = gains
             else:
                 self.since_best += 1
         else:
@@ -702,8 +706,7 @@ def train_query_tower(data: PairData, encoder, pvec: np.ndarray, cfg: TowerConfi
     improved = gate != "none" and best[0] > fit.base[fit.rank]
     noise: dict[str, float] = {}
     if gate != "none" and best[3]:  # the kept check against the base, query by query
-        tower.load_state_dict(best[2])
-        diff = fit.per_query() - fit.base_per_query
+        diff = fit.best_gains
         noise = {"gain": float(diff.mean()), "se": float(diff.std(ddof=1) / np.sqrt(len(diff))) if len(diff) > 1 else float("inf"),
                  "queries": float(len(diff))}
         if fit.kept_gains:  # every check that could have been kept, the kept one among them
