@@ -206,14 +206,14 @@ def upsert_documents(folder: str | Path, docs: Iterable[Document], encoder, flus
 def _stored_hashes(folder: Path, base: Manifest, paths: list[str]) -> dict[str, str] | None:
     """The content hashes of these docstore paths in generation `base` (read-only), by path;
     None when that generation cannot be read any more (a newer one replaced it meanwhile)."""
-    from semsearch.store.docstore import DocStore
+    from semsearch.store.docstore import open_docs
     from semsearch.store.files import DB_ERRORS
     from semsearch.store.segments import Tombstones, live_files
 
     out: dict[str, str] = {}
     for e in base.segments:
         try:
-            store = DocStore(folder / e["docs"], readonly=True)
+            store = open_docs(folder, e)
         except (OSError, *DB_ERRORS):
             return None
         try:

@@ -581,7 +581,7 @@ def _nothing_to_do(folder: Path, base: Manifest, files, root: Path, encoder, vec
     interrupted run to finish, the lexical side present, and every walked file stored with the
     same size, times and inode, none gone. Read-only: the docstore is only opened."""
     from semsearch.store import integrity
-    from semsearch.store.docstore import DocStore
+    from semsearch.store.docstore import open_docs
 
     integrity.check_files(folder, base)  # a damaged index is reported as a writing run would report it
     vs = vectors or VectorSettings()
@@ -600,7 +600,7 @@ def _nothing_to_do(folder: Path, base: Manifest, files, root: Path, encoder, vec
     stored = {}
     for e in base.segments:
         try:
-            docs = DocStore(folder / e["docs"], readonly=True)
+            docs = open_docs(folder, e)
         except sqlite3.Error:
             return False
         try:

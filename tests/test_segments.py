@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -312,6 +313,60 @@ def test_a_long_run_publishes_segments_and_ends_as_one(tmp_path, fake_encoder):
     assert [c for _, c, _ in seen] == sorted(c for _, c, _ in seen)  # each holds more
     assert len(Manifest.load(tmp_path / "rolled").segments) == 1  # merged at the end
     assert_same_index(tmp_path / "once", tmp_path / "rolled")
+
+
+def test_a_long_run_keeps_its_segments_docstores_in_place_and_every_read_and_write_works_on_them(tmp_path, fake_encoder):
+    """The merge at a long run's end keeps the rolled segments' docstores where they are (format
+    8: no copy of the text beside them) and builds one vector index and posting file over them;
+    searches, filters, an incremental run's changes and deletions, verify and compact work on
+    that segment as on one docstore."""
+    from test_engines import assert_same_index
+
+    src = _corpus(tmp_path / "c", 14)
+    once, rolled = tmp_path / "once", tmp_path / "rolled"
+    index_corpus(src, once, fake_encoder, progress=False, segment_chunks=None)
+    index_corpus(src, rolled, fake_encoder, progress=False, segment_chunks=5)
+    m = Manifest.load(rolled)
+    assert m.format_version == 8 and len(m.segments) == 1
+    seg = m.segments[0]
+    kept = [seg["docs"], *seg["docs_more"]]
+    assert len(kept) > 3 and f"docs.{seg['id']}.sqlite" not in kept  # the rolled segments' own files, no new one
+    assert sorted(p.name for p in rolled.glob("docs.*.sqlite")) == sorted(kept)
+    assert_same_index(once, rolled)
+    filters = [None, ["path:*f0[1-4].txt"], ["path:*f1*"]]
+
+    def same_answers() -> None:
+        a, b = Retriever.load(once, encoder=fake_encoder), Retriever.load(rolled, encoder=fake_encoder)
+        try:
+            for where in filters:
+                ra, rb = _results(a, where), _results(b, where)
+                for key in ra:
+                    _same(ra[key], rb[key], (key, where))
+        finally:
+            a.close()
+            b.close()
+
+    same_answers()
+    (src / "f03.txt").write_text(_text(random.Random(7), 40) + " comet orbit\n")  # a file in a middle docstore
+    (src / "f09.txt").unlink()
+    for folder in (once, rolled):
+        index_corpus(src, folder, fake_encoder, progress=False)
+    assert Manifest.load(rolled).segments[0].get("docs_more")  # tombstones on the kept segment, not a copy
+    same_answers()
+    assert verify(rolled) == []
+    parted = tmp_path / "parted"
+    shutil.copytree(rolled, parted)
+    compact(parted, shards=2)  # partitioned anew from the kept docstores
+    assert sum(e["live"] for e in Manifest.load(parted).segments) == Manifest.load(once).counts["chunks"]
+    b = Retriever.load(parted, encoder=fake_encoder)
+    assert sorted(h.text for h in b.search("comet orbit", 50, mode="lexical")) == \
+        sorted(h.text for h in Retriever.load(once, encoder=fake_encoder).search("comet orbit", 50, mode="lexical"))
+    compact(rolled)
+    m = Manifest.load(rolled)
+    assert len(m.segments) == 1 and not m.segments[0].get("docs_more") and m.format_version == FORMAT_VERSION
+    assert [p.name for p in rolled.glob("docs.*.sqlite")] == [m.segments[0]["docs"]]
+    same_answers()
+    assert verify(rolled) == []
 
 
 def test_a_long_run_trains_its_vector_index_once_and_publishes_nothing_after_its_last_file(tmp_path, fake_encoder, monkeypatch):

@@ -349,3 +349,145 @@ class DocStore:
         files, docs = self.db.execute("SELECT COUNT(*), COALESCE(SUM(documents), 0) FROM files").fetchone()
         chunks = self.db.execute("SELECT COUNT(*) FROM chunks").fetchone()[0]
         return {"files": files, "documents": docs, "chunks": chunks}
+
+
+# ---- a segment over several docstores ------------------------------------------------------------
+# A long build publishes a segment every ~250k chunks as it goes, and its end merges them into one
+# segment: one vector index and one posting file. Copying their docstores into a new one too cost
+# the build its largest file again beside the old ones (14 GB at 10M chunks, 54-80 s: the disk
+# peak of 2.1x the index, docs/benchmarks.md). Since format 8 the merged segment keeps them where
+# they are: its entry names the first as `docs` and the others as `docs_more`, each holding a
+# range of chunk ids after the one before, and every file's chunks inside one of them (a long run
+# rolls segments between files). SQLite would read them as one database through ATTACH and a
+# view, but attaches at most 10 (a 10M build writes 40); DocStores gives the reads segments make.
+def docs_files(entry: dict) -> list[str]:
+    """The docstore files of a segment's manifest entry, in chunk id order."""
+    return [entry["docs"], *(entry.get("docs_more") or ())]
+
+
+def open_docs(folder: Path, entry: dict) -> "DocStore | DocStores":
+    """A published segment's docstore(s), read-only."""
+    names = docs_files(entry)
+    if len(names) == 1:
+        return DocStore(Path(folder) / names[0], readonly=True)
+    return DocStores([Path(folder) / n for n in names])
+
+
+class _Chained:
+    """The rows of one statement run on several connections in turn, as one cursor gives them."""
+
+    def __init__(self, cursors: Iterator[sqlite3.Cursor]):
+        self._rows = (row for cur in cursors for row in cur)
+
+    def __iter__(self):
+        return self._rows
+
+    def fetchone(self):
+        return next(self._rows, None)
+
+    def fetchall(self) -> list:
+        return list(self._rows)
+
+    def fetchmany(self, size: int) -> list:
+        out = []
+        for row in self._rows:
+            out.append(row)
+            if len(out) >= size:
+                break
+        return out
+
+
+class _ChainedDB:
+    """execute() over every member docstore's connection, in chunk id order: a statement whose
+    rows are per chunk or per file (not an aggregate) reads as over one database."""
+
+    def __init__(self, stores: list[DocStore]):
+        self._stores = stores
+
+    def execute(self, sql: str, params=()) -> _Chained:
+        return _Chained(s.db.execute(sql, params) for s in self._stores)
+
+
+class DocStores:
+    """Several read-only docstores of one segment (format 8, see above) with DocStore's read
+    interface: lookups by chunk id go to the member whose id range holds them."""
+
+    readonly = True
+
+    def __init__(self, paths: list[Path]):
+        self.members: list[DocStore] = []
+        try:
+            for p in paths:
+                self.members.append(DocStore(p, readonly=True))
+            ranges = [m.db.execute("SELECT MIN(id), MAX(id) FROM chunks").fetchone() for m in self.members]
+        except BaseException:
+            self.close()
+            raise
+        held = [j for j, r in enumerate(ranges) if r[0] is not None]  # (a member may hold only empty files)
+        self._held = np.array(held, np.int64)
+        self._lo = np.array([ranges[j][0] for j in held], np.int64)
+        self.path = self.members[0].path  # for messages
+        self.db = _ChainedDB(self.members)
+        self._memo = Memo()
+
+    def memo(self, key: Any, build):
+        return self._memo(key, build)
+
+    def close(self) -> None:
+        for m in self.members:
+            m.close()
+
+    def _route(self, ids: Iterable[int]) -> list[tuple[DocStore, list[int]]]:
+        ids = sorted({int(i) for i in ids})
+        at = np.searchsorted(self._lo, np.array(ids, np.int64), "right") - 1
+        out: dict[int, list[int]] = {}
+        for i, j in zip(ids, at.tolist()):
+            if j >= 0:
+                out.setdefault(int(self._held[j]), []).append(i)
+        return [(self.members[j], part) for j, part in sorted(out.items())]
+
+    def files(self) -> dict[str, StoredFile]:
+        out: dict[str, StoredFile] = {}
+        for m in self.members:
+            out.update(m.files())
+        return out
+
+    def stored_file(self, r: tuple) -> StoredFile:
+        return self.members[0].stored_file(r)
+
+    def get_chunks(self, ids: Iterable[int]) -> dict[int, dict[str, Any]]:
+        out: dict[int, dict[str, Any]] = {}
+        for m, part in self._route(ids):
+            out.update(m.get_chunks(part))
+        return out
+
+    def get_vectors(self, ids: Iterable[int]) -> tuple[np.ndarray, np.ndarray]:
+        raise IndexFormatError(f"{self.path}: a segment of several docstores keeps its vectors in its vector file")
+
+    def lexical(self):
+        return None  # (its posting file holds its terms: since format 5)
+
+    def iter_states_refs(self, batch: int = 4096) -> Iterator[list[tuple[int, str | None, int, int]]]:
+        for m in self.members:
+            yield from m.iter_states_refs(batch)
+
+    def state_files(self) -> set[str]:
+        return set().union(*(m.state_files() for m in self.members))
+
+    def chunk_files(self) -> tuple[np.ndarray, np.ndarray]:
+        got = [m.chunk_files() for m in self.members]
+        return np.concatenate([g[0] for g in got]), np.concatenate([g[1] for g in got])
+
+    def metadata_values(self, key_path: str) -> tuple[np.ndarray, list[Any]]:
+        got = [m.metadata_values(key_path) for m in self.members]
+        return np.concatenate([g[0] for g in got]), [v for g in got for v in g[1]]
+
+    def metadata_keys(self) -> frozenset[str]:
+        return frozenset().union(*(m.metadata_keys() for m in self.members))
+
+    def files_matching(self, globs: list[str]) -> np.ndarray:
+        return np.concatenate([m.files_matching(globs) for m in self.members])
+
+    def counts(self) -> dict[str, int]:
+        got = [m.counts() for m in self.members]
+        return {k: sum(g[k] for g in got) for k in got[0]}

@@ -20,9 +20,9 @@ from pathlib import Path
 from semsearch.errors import IndexFormatError, IndexLocked, InputError
 from semsearch.store import integrity, lexical, vecfile
 from semsearch.store.files import DATA_FILE, DB_ERRORS, damaged, fsync_dir, fsync_file, manifest_stamp
-from semsearch.store.docstore import DocStore, StoredFile
+from semsearch.store.docstore import DocStore, StoredFile, docs_files, open_docs
 from semsearch.store.kept import StatesFile, files_of
-from semsearch.store.manifest import FORMAT_VERSION, MANIFEST, PARTED_VERSION, Manifest
+from semsearch.store.manifest import FORMAT_VERSION, IN_PLACE_VERSION, MANIFEST, PARTED_VERSION, Manifest
 from semsearch.store.segments import (Segment, SegmentedDocs, SegmentedVectors, Tombstones, live_counts, live_files, open_parts,
                                       segment_entry, select_sql)
 from semsearch.store.vecfile import MemoryVectors
@@ -78,9 +78,10 @@ class _BaseSegment:
     @property
     def docs(self) -> DocStore:
         if self._docs is None:
-            integrity.check_file(self.folder, self.entry["docs"], ((self.entry.get("integrity") or {}).get("files") or {}).get(self.entry["docs"]))
+            for name in docs_files(self.entry):
+                integrity.check_file(self.folder, name, ((self.entry.get("integrity") or {}).get("files") or {}).get(name))
             try:
-                self._docs = DocStore(self.folder / self.entry["docs"], readonly=True)
+                self._docs = open_docs(self.folder, self.entry)
             except DB_ERRORS as e:
                 raise damaged(self.folder, self.entry["docs"], f"damaged ({e})") from e
         return self._docs
@@ -345,7 +346,8 @@ class IndexWriter:
         moved = [b for b in self.base_segments if not b.dropped]
         for b in moved:
             postings = b.entry.get("postings")
-            copy_live(self.new_docs.db, self.folder / b.entry["docs"], b.dead, terms=not postings)
+            for name in docs_files(b.entry):
+                copy_live(self.new_docs.db, self.folder / name, b.dead, terms=not postings)
             if postings:  # its lexical rows are taken from its posting file at commit, not analysed again
                 self.carried.append((lexical.open_file(self.folder / postings), b.dead.chunks))
             b.dropped = True
@@ -394,7 +396,8 @@ class IndexWriter:
         manifest.index = merge_.summary(entries, seg_index)
         manifest.updated = now()
         manifest.created = manifest.created or manifest.updated
-        manifest.format_version = PARTED_VERSION if shards > 1 else FORMAT_VERSION
+        manifest.format_version = (IN_PLACE_VERSION if any(e.get("docs_more") for e in entries)
+                                   else PARTED_VERSION if shards > 1 else FORMAT_VERSION)
         manifest.save(self.folder)
         self._close_base()
         self._clean(keep=manifest.data_files())
@@ -486,7 +489,7 @@ class IndexWriter:
             for f in (self.docs_file, self.vectors_file, self.vectors_file.replace(".faiss", ".vec"), f"lexical.{self.seg_id}.bin"):
                 (self.folder / f).unlink(missing_ok=True)
             for e in self.extra:
-                for f in [e["docs"], e["vectors"]] + [e[k] for k in ("vecs", "postings") if e.get(k)] + [f"states/{s}" for s in sorted(files_of(e.get("states", [])))]:
+                for f in [*docs_files(e), e["vectors"]] + [e[k] for k in ("vecs", "postings") if e.get(k)] + [f"states/{s}" for s in sorted(files_of(e.get("states", [])))]:
                     (self.folder / f).unlink(missing_ok=True)
             self._release()
 
@@ -533,6 +536,8 @@ def _current_files(folder: Path) -> set[str]:
     for s in segments if isinstance(segments, list) else []:
         if isinstance(s, dict):
             names |= {str(s.get(k)) for k in ("docs", "vectors", "vecs", "postings", "deletes") if s.get(k)}
+            more = s.get("docs_more")
+            names |= {str(v) for v in more} if isinstance(more, list) else set()
     return names
 
 
@@ -558,8 +563,8 @@ def verify(folder: Path) -> list[str]:
                     problems.append(str(damaged(folder, name, "damaged (its sha256 does not match the manifest)")))
             db = p.segment.docs.db
             try:
-                status = [r[0] for r in db.execute("PRAGMA integrity_check")]
-                if status != ["ok"]:
+                status = [r[0] for r in db.execute("PRAGMA integrity_check")]  # (one "ok" a docstore)
+                if set(status) != {"ok"}:
                     problems.append(str(damaged(folder, e["docs"], f"damaged (SQLite: {'; '.join(status[:3])})")))
                 db_ids = np.array([r[0] for r in db.execute("SELECT id FROM chunks")], np.int64)
                 if integrity.ids_fingerprint(db_ids) != integrity.ids_fingerprint(integrity.vector_ids(p.segment.vectors)):

@@ -126,6 +126,8 @@ def check_segment_files(folder: Path, entry: dict) -> None:
         name = entry.get(role)
         if name:
             check_file(folder, name, rec.get(name))
+    for name in entry.get("docs_more") or ():  # (format 8: docstores kept in place by a run's merge)
+        check_file(folder, name, rec.get(name))
 
 
 def check_files(folder: Path, m) -> None:
@@ -154,7 +156,7 @@ def check_segment_loaded(folder: Path, entry: dict, vectors, docs) -> None:
     if "ids" in rec and ids_fingerprint(vector_ids(vectors)) != rec["ids"]:
         raise damaged(folder, entry["vectors"], "its ids do not match the manifest (damaged, or from another index)")
     try:
-        chunks = docs.db.execute("SELECT COUNT(*) FROM chunks").fetchone()[0]
+        chunks = docs.counts()["chunks"]
     except DB_ERRORS as e:
         raise damaged(folder, entry["docs"], f"damaged ({e})") from e
     if chunks != n:

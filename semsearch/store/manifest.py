@@ -32,7 +32,11 @@ FORMAT_VERSION = 6
 # wrong segment (a replica of an older version beside newer ones, say), so it refuses the index
 # instead. An index of one partition is still written as format 6, which readers of either open.
 PARTED_VERSION = 7
-READABLE = (1, 2, 3, 4, 5, 6, 7)
+# Format 8: a segment may keep several docstores (`docs_more`: those a long run's segments wrote,
+# left in place by the merge at its end; store/docstore.py DocStores), whose chunks a reader of
+# format 7 would not see. Written only where a segment has them.
+IN_PLACE_VERSION = 8
+READABLE = (1, 2, 3, 4, 5, 6, 7, 8)
 MANIFEST = "manifest.json"
 
 
@@ -73,7 +77,7 @@ class Manifest:
         """Every data file this manifest names."""
         out: set[str] = set()
         for s in self.segments:
-            out |= {s["docs"], s["vectors"]} | {s[k] for k in ("deletes", "vecs", "postings") if s.get(k)}
+            out |= {s["docs"], s["vectors"], *(s.get("docs_more") or ())} | {s[k] for k in ("deletes", "vecs", "postings") if s.get(k)}
         return out
 
     def to_json(self) -> str:
@@ -179,6 +183,10 @@ def check_segment(x: dict, folder: Path, name: str) -> None:
         v = x.get(role)
         if not isinstance(v, str) or not DATA_FILE.fullmatch(v) or not v.startswith(role + ".") or not v.endswith(ext):
             raise damaged(folder, name, f"damaged manifest (segment {sid}: file {role!r} is {v!r}, not a data file of this folder)")
+    more = x.get("docs_more")
+    if more is not None and not (isinstance(more, list) and all(
+            isinstance(f, str) and DATA_FILE.fullmatch(f) and f.startswith("docs.") and f.endswith(".sqlite") for f in more)):
+        raise damaged(folder, name, f"damaged manifest (segment {sid}: docs_more is not a list of docstores of this folder)")
     v = x.get("vecs")
     if v is not None and not (isinstance(v, str) and DATA_FILE.fullmatch(v) and v == f"vectors.{sid}.vec"):
         raise damaged(folder, name, f"damaged manifest (segment {sid}: vecs {v!r} is not a data file of this folder)")
@@ -206,7 +214,7 @@ def check_segment(x: dict, folder: Path, name: str) -> None:
     rec = x.get("integrity")
     if rec is not None:
         recs = rec.get("files") if isinstance(rec, dict) else None
-        names = {x["docs"], x["vectors"]} | {f for f in (d, v, pf) if f}
+        names = {x["docs"], x["vectors"], *(more or ())} | {f for f in (d, v, pf) if f}
         if not isinstance(recs, dict) or not all(
                 isinstance(v, dict) and _is_int(v.get("size")) and isinstance(v.get("fingerprint"), str)
                 and isinstance(v.get("sha256"), str) for v in recs.values()) \

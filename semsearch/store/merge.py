@@ -27,8 +27,8 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from semsearch.store import lexical, vecfile
-from semsearch.store.docstore import DocStore
+from semsearch.store import integrity, lexical, vecfile
+from semsearch.store.docstore import DocStore, docs_files
 from semsearch.store.files import fsync_file
 from semsearch.store.segments import Tombstones, segment_entry
 from semsearch.store.vecfile import VectorFile
@@ -41,6 +41,9 @@ FACTOR = 10  # adjacent segments of one level merged at once
 BASE = 1000  # live chunks below which a segment is level 0
 DELETED_SHARE = 0.3  # a segment with more deleted rows than this is rewritten
 MAX_SEGMENTS = 32
+# A merge keeps at most this many docstores in place (each is a SQLite connection a reading
+# thread opens: 40 for a 10M-chunk build of 250k-chunk segments); past it, they are copied.
+MAX_KEPT_DOCSTORES = 64
 MIN_APPROX = 50  # segments smaller than this are flat (searched exactly) whatever index type was forced
 
 FILE_COLS = "id, path, hash, size, mtime_ns, documents, indexed_at, ctime_ns, inode"
@@ -101,7 +104,7 @@ def apply(folder: Path, entries: list[dict], dim: int, manifest, next_segment: i
     if (tail > 1 or (tail == 1 and _outgrew_flat(entries[-1], manifest, dim))) and not everything:
         # (one published segment alone: a run that published one, then found the rest unchanged;
         # published flat, it is rewritten with the index its size asks for)
-        merged = merge(Path(folder), entries[-tail:], next_segment, dim, manifest, trained=trained)
+        merged = merge(Path(folder), entries[-tail:], next_segment, dim, manifest, trained=trained, in_place=True)
         log.info("merged the run's %d segments into segment %d (%d chunks)", tail, next_segment, merged["live"])
         entries, next_segment = entries[:-tail] + [merged], next_segment + 1
     out, next_segment = _run_plan(Path(folder), entries, dim, manifest, next_segment, everything, _stale(folder, manifest))
@@ -234,11 +237,14 @@ def copy_live(dst: sqlite3.Connection, src: Path, dead: Tombstones, terms: bool 
 
 
 def merge(folder: Path, group: list[dict], seg_id: int, dim: int, manifest, deads_given: list[Tombstones] | None = None,
-          part: int | None = None, trained: VectorIndex | None = None) -> dict:
+          part: int | None = None, trained: VectorIndex | None = None, in_place: bool = False) -> dict:
     """One segment holding the live rows of the group's segments: written, indexed, fsynced;
     gives back its manifest entry. `deads_given`: each segment's tombstones to apply instead of
     its own (a split: its own plus the other partitions' rows); `part`: the partition it holds;
-    `trained`: a quantizer trained ahead, for build_vectors."""
+    `trained`: a quantizer trained ahead, for build_vectors; `in_place`: the group's docstores
+    are kept where they are, not copied, where they can be (keeps_docs)."""
+    if in_place and keeps_docs(group, deads_given, part):
+        return _merge_in_place(folder, group, seg_id, dim, manifest, trained)
     docs_file, vectors_file = f"docs.{seg_id}.sqlite", f"vectors.{seg_id}.faiss"
     store = DocStore(folder / docs_file, unpublished=True)  # fsynced before the manifest names it
     steps = _Steps(seg_id)
@@ -250,7 +256,8 @@ def merge(folder: Path, group: list[dict], seg_id: int, dim: int, manifest, dead
                 dead = deads_given[i]
             else:
                 dead = Tombstones.load(folder / e["deletes"]) if e.get("deletes") else Tombstones()
-            copy_live(store.db, folder / e["docs"], dead, terms=not e.get("postings"))
+            for name in docs_files(e):
+                copy_live(store.db, folder / name, dead, terms=not e.get("postings"))
             states |= set(e.get("states") or [])
             deads.append(dead)
         counts = store.counts()
@@ -282,6 +289,63 @@ def merge(folder: Path, group: list[dict], seg_id: int, dim: int, manifest, dead
         return out
     finally:
         store.close()
+
+
+def keeps_docs(group: list[dict], deads_given=None, part: int | None = None) -> bool:
+    """Whether a merge of `group` can keep its docstores in place (format 8, store/docstore.py
+    DocStores): segments of the current format (vector and posting files), nothing deleted in
+    them, in increasing id ranges, one partition (an index without partitions)."""
+    if deads_given is not None or part is not None or len(group) < 1 or \
+            sum(len(docs_files(e)) for e in group) > MAX_KEPT_DOCSTORES:
+        return False
+    if any(not e.get("vecs") or not e.get("postings") or e.get("deletes") or e.get("rows") != e.get("live")
+           or e.get("min_id") is None or e.get("part") is not None for e in group):
+        return False
+    return all(a["max_id"] < b["min_id"] for a, b in zip(group, group[1:]))
+
+
+def _merge_in_place(folder: Path, group: list[dict], seg_id: int, dim: int, manifest,
+                    trained: VectorIndex | None = None) -> dict:
+    """merge() of a long run's segments that keeps their docstores where they are: the merged
+    segment names them (docs, docs_more) and gets a vector index, vector file and posting file
+    of its own. The disk a merge needs beside the segments is those three files, not a copy of
+    the text (docs/benchmarks.md: 14 GB of a 10M-chunk build's 27)."""
+    vectors_file = f"vectors.{seg_id}.faiss"
+    steps = _Steps(seg_id)
+    index = (manifest.index or {})
+    vecs = merge_vectors(folder, group, vecfile.file_name(seg_id), dim, None, index.get("storage"))
+    steps.done("vectors copied (docstores kept in place)")
+    target = (index.get("recall") or {}).get("target", 0.95)
+    rows = sum(int(e["rows"]) for e in group)
+    vi, ventry = build_vectors(vecs, dim, _requested(manifest), rows, target, params=index.get("params"), trained=trained)
+    steps.done("vector index built and tuned")
+    order_by_lists(folder / vecfile.file_name(seg_id), vi)
+    steps.done("vectors ordered by list")
+    postings = lexical.file_name(f"docs.{seg_id}.sqlite")
+    lexical.write_segment_file(folder / postings, np.zeros(0, np.int64), [], np.zeros(0, np.float32),
+                               [(lexical.open_file(folder / e["postings"]), None) for e in group])
+    steps.done("postings merged")
+    vi.save(folder / vectors_file, vectors_elsewhere=True)
+    for name in (vectors_file, vecfile.file_name(seg_id), postings):
+        fsync_file(folder / name)
+    steps.done("written to disk")
+    names = [vectors_file, vecfile.file_name(seg_id), postings]
+    rec = integrity.record(folder, names, vi)
+    docs = [n for e in group for n in docs_files(e)]
+    for e in group:  # the docstores' records as their segments made them (not hashed again)
+        kept = (e.get("integrity") or {}).get("files") or {}
+        rec["files"].update({n: kept[n] for n in docs_files(e) if n in kept})
+    out = {"id": seg_id, "docs": docs[0], "docs_more": docs[1:], "vectors": vectors_file, "deletes": None,
+           "rows": rows, "live": rows, "files": sum(int(e["files"]) for e in group),
+           "documents": sum(int(e["documents"]) for e in group), "min_id": group[0]["min_id"],
+           "max_id": group[-1]["max_id"], "index": ventry,
+           "states": sorted(set().union(*(set(e.get("states") or ()) for e in group))), "lexical": True,
+           "vecs": vecfile.file_name(seg_id), "postings": postings, "integrity": rec}
+    if vi.kind == "flat":
+        out["vectors_from"] = "vecs"
+    if not out["docs_more"]:
+        del out["docs_more"]
+    return out
 
 
 class _Steps:

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from semsearch.store.docstore import docs_files
 from semsearch.store.segments import Tombstones
 
 
@@ -40,12 +41,15 @@ def part_of(path: str, n: int) -> int:
 def entry_parts(folder: Path, entry: dict[str, Any], n: int) -> tuple[dict[int, tuple[np.ndarray, np.ndarray]], Tombstones]:
     """{partition: (its live file ids, its live chunk ids)} of a segment, and its tombstones."""
     dead = Tombstones.load(Path(folder) / entry["deletes"]) if entry.get("deletes") else Tombstones()
-    db = sqlite3.connect(f"file:{Path(folder) / entry['docs']}?mode=ro", uri=True)
-    try:
-        files = db.execute("SELECT id, path FROM files ORDER BY id").fetchall()
-        chunks = np.array(db.execute("SELECT id, file_id FROM chunks ORDER BY id").fetchall(), np.int64).reshape(-1, 2)
-    finally:
-        db.close()
+    files, rows = [], []
+    for name in docs_files(entry):  # (format 8: several, in increasing id ranges)
+        db = sqlite3.connect(f"file:{Path(folder) / name}?mode=ro", uri=True)
+        try:
+            files += db.execute("SELECT id, path FROM files ORDER BY id").fetchall()
+            rows += db.execute("SELECT id, file_id FROM chunks ORDER BY id").fetchall()
+        finally:
+            db.close()
+    chunks = np.array(rows, np.int64).reshape(-1, 2)
     fids = np.array([f for f, _ in files], np.int64)
     fparts = np.array([part_of(p, n) for _, p in files], np.int64)
     live_f = ~np.isin(fids, dead.files)

@@ -25,7 +25,7 @@ import numpy as np
 
 from semsearch.errors import IndexFormatError
 from semsearch.store import integrity, lexical, vecfile
-from semsearch.store.docstore import DocStore, StoredFile
+from semsearch.store.docstore import DocStore, StoredFile, docs_files, open_docs
 from semsearch.store.files import DB_ERRORS, Memo, damaged
 from semsearch.store.lexical import LexicalIndex, Postings
 from semsearch.store.vecfile import VectorFile
@@ -166,6 +166,18 @@ def segment_entry(folder: Path, seg_id: int, store: DocStore, vectors, index: di
             "integrity": integrity.record(folder, names, vectors)}
 
 
+def segment_key(entry: dict[str, Any]) -> tuple:
+    """What identifies a published segment across generations (a reader reuses the Segment it
+    opened): its docstores, by name and fingerprint. The vector files join them where a segment
+    keeps docstores another wrote (format 8: the merged segment of a long run names the first
+    rolled segment's docstore first)."""
+    recs = (entry.get("integrity") or {}).get("files") or {}
+    key: tuple = (entry["docs"], recs.get(entry["docs"], {}).get("fingerprint", ""))
+    if entry.get("docs_more"):
+        key += tuple(entry["docs_more"]) + (entry["vectors"], recs.get(entry["vectors"], {}).get("fingerprint", ""))
+    return key
+
+
 # ---- one segment, opened once -------------------------------------------------------------------
 class Segment:
     """An immutable segment opened for reading: its docstore (read-only), its vector index, and
@@ -178,7 +190,7 @@ class Segment:
         integrity.check_segment_files(self.folder, entry)
         kind = entry.get("index", {}).get("type", "flat")
         try:
-            self.docs = DocStore(self.folder / entry["docs"], readonly=True)
+            self.docs = open_docs(self.folder, entry)
         except DB_ERRORS as e:
             raise damaged(self.folder, entry["docs"], f"damaged ({e})") from e
         self.vecs: VectorFile | None = None  # the segment's vectors (format 4; fast-scan ones of format 3)
@@ -223,9 +235,8 @@ class Segment:
         self._file_ids: np.ndarray | None = None
 
     @property
-    def key(self) -> tuple[str, str]:
-        rec = ((self.entry.get("integrity") or {}).get("files") or {}).get(self.name, {})
-        return self.name, rec.get("fingerprint", "")
+    def key(self) -> tuple:
+        return segment_key(self.entry)
 
     def _columns(self) -> None:
         with self._lock:
@@ -346,8 +357,7 @@ def open_parts(folder: Path, manifest, device: str = "cpu", reuse: dict | None =
         for entry in manifest.segments:
             seg = None
             if reuse:
-                rec = ((entry.get("integrity") or {}).get("files") or {}).get(entry["docs"], {})
-                seg = reuse.get((entry["docs"], rec.get("fingerprint", "")))
+                seg = reuse.get(segment_key(entry))
                 if seg is not None and (seg.entry.get("index") or {}).get("params") != (entry.get("index") or {}).get("params"):
                     seg = None  # its search knobs were tuned again (folder.tune): opened with the new ones
             if seg is None:
@@ -772,15 +782,16 @@ def read_rows(folder: Path, manifest, columns: str, where: str = "", params: tup
     for e in manifest.segments:
         integrity.check_segment_files(folder, e)
         dead = set(Tombstones.load(Path(folder) / e["deletes"]).chunks.tolist()) if e.get("deletes") else set()
-        db = connect_readonly(Path(folder) / e["docs"])
-        try:
-            for row in db.execute(sql, params):
-                if row[0] not in dead:
-                    yield row
-        except DB_ERRORS as ex:
-            raise damaged(folder, e["docs"], f"damaged ({ex})") from ex
-        finally:
-            db.close()
+        for name in docs_files(e):
+            db = connect_readonly(Path(folder) / name)
+            try:
+                for row in db.execute(sql, params):
+                    if row[0] not in dead:
+                        yield row
+            except DB_ERRORS as ex:
+                raise damaged(folder, name, f"damaged ({ex})") from ex
+            finally:
+                db.close()
 
 
 def has_lexical(folder: Path, manifest) -> bool:
@@ -788,10 +799,11 @@ def has_lexical(folder: Path, manifest) -> bool:
     from semsearch.store.files import connect_readonly
 
     for e in manifest.segments:
-        db = connect_readonly(Path(folder) / e["docs"])
-        try:
-            if not lexical.has_terms(db):
-                return False
-        finally:
-            db.close()
+        for name in docs_files(e):
+            db = connect_readonly(Path(folder) / name)
+            try:
+                if not lexical.has_terms(db):
+                    return False
+            finally:
+                db.close()
     return True
