@@ -268,7 +268,9 @@ def test_fp16_vector_storage_halves_the_vector_files_and_stays_through_writes(tm
         (tmp_path / "c" / f"r{j}.jsonl").write_text("\n".join(json.dumps(r) for r in rows[j * 1000 : (j + 1) * 1000]))
     index_corpus(tmp_path / "c", tmp_path / "rolled", FakeEncoder(), progress=False, segment_chunks=900,
                  vectors=VectorSettings(storage="fp16"))
-    assert len(seen) >= 3 and set(seen) == {"fp16"}  # segments published as the run went, and their merge
+    assert len(seen) >= 3 and set(seen) == {"fp16"}  # segments published as the run went
+    merged = json.loads((tmp_path / "rolled" / "manifest.json").read_text())["segments"]
+    assert len(merged) == 1 and vecfile.VectorFile(tmp_path / "rolled" / merged[0]["vecs"]).storage == "fp16"  # and their merge
 
 
 def test_a_vector_file_of_the_wrong_size_for_its_type_is_refused(tmp_path):

@@ -369,6 +369,37 @@ def test_a_long_run_keeps_its_segments_docstores_in_place_and_every_read_and_wri
     assert verify(rolled) == []
 
 
+def test_a_long_runs_fast_scan_vectors_are_written_once_list_by_list_from_its_segments_files(tmp_path, fake_encoder, monkeypatch):
+    """The run's end indexes its segments' vector files read as one (vecfile.Stacked) and writes
+    the merged segment's file once, in list order: no id-order copy first. Same index, same
+    answers as a run that published nothing on the way."""
+    from semsearch.indexing import VectorSettings
+    from semsearch.store import vecfile
+    from test_engines import assert_same_index
+
+    src = tmp_path / "c"
+    src.mkdir()
+    for i in range(24):
+        (src / f"f{i:02d}.txt").write_text(_text(random.Random(300 + i), 300) + "\n")
+    fs = VectorSettings(index_type="ivf-fastscan", storage="fp16")
+    index_corpus(src, tmp_path / "once", fake_encoder, progress=False, segment_chunks=None, vectors=fs)
+    batches = []
+    real = vecfile.write_batches
+    monkeypatch.setattr(vecfile, "write_batches", lambda *a, **k: batches.append(a[0]) or real(*a, **k))
+    index_corpus(src, tmp_path / "rolled", fake_encoder, progress=False, segment_chunks=60, vectors=fs)
+    seg = Manifest.load(tmp_path / "rolled").segments[0]
+    assert seg["index"]["type"] == "ivf-fastscan" and len(seg["docs_more"]) > 2
+    assert tmp_path / "rolled" / seg["vecs"] not in batches  # not written in id order first
+    vf = vecfile.VectorFile(tmp_path / "rolled" / seg["vecs"])
+    assert vf.ordered and vf.storage == "fp16"
+    assert_same_index(tmp_path / "once", tmp_path / "rolled")
+    a, b = Retriever.load(tmp_path / "once", encoder=fake_encoder), Retriever.load(tmp_path / "rolled", encoder=fake_encoder)
+    ra, rb = _results(a), _results(b)
+    for key in ra:
+        _same(ra[key], rb[key], key)
+    assert verify(tmp_path / "rolled") == []
+
+
 def test_a_long_run_trains_its_vector_index_once_and_publishes_nothing_after_its_last_file(tmp_path, fake_encoder, monkeypatch):
     """A run that publishes segments as it goes merges them at its end: the approximate index is
     trained once, by that merge (not first for the run's last segment alone), and no segment is

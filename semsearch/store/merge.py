@@ -313,14 +313,22 @@ def _merge_in_place(folder: Path, group: list[dict], seg_id: int, dim: int, mani
     vectors_file = f"vectors.{seg_id}.faiss"
     steps = _Steps(seg_id)
     index = (manifest.index or {})
-    vecs = merge_vectors(folder, group, vecfile.file_name(seg_id), dim, None, index.get("storage"))
-    steps.done("vectors copied (docstores kept in place)")
+    # the segments' vector files read as one: indexed and tuned from there, then written once
+    vecs = vecfile.Stacked([VectorFile(folder / e["vecs"]) for e in group])
     target = (index.get("recall") or {}).get("target", 0.95)
     rows = sum(int(e["rows"]) for e in group)
     vi, ventry = build_vectors(vecs, dim, _requested(manifest), rows, target, params=index.get("params"), trained=trained)
-    steps.done("vector index built and tuned")
-    order_by_lists(folder / vecfile.file_name(seg_id), vi)
-    steps.done("vectors ordered by list")
+    steps.done("vector index built and tuned (docstores kept in place)")
+    path = folder / vecfile.file_name(seg_id)
+    with vecs.sweeping():
+        if vi.external_refine and len(vecs):  # list by list (order_by_lists), in one writing
+            vecfile.write_ordered(path, vecs.ids, dim, vecfile.list_order(vecs.ids, vi.lists()),
+                                  lambda pos: vecs.at_positions(pos, sweep=True), index.get("storage"))
+        else:
+            vecfile.write_batches(path, vecs.ids, dim, (v for _, v in vecs.iter(65536)), index.get("storage"))
+    if vi.external_refine:
+        vi.refine = VectorFile(path)
+    steps.done("vectors written" + (" list by list" if vi.external_refine else ""))
     postings = lexical.file_name(f"docs.{seg_id}.sqlite")
     lexical.write_segment_file(folder / postings, np.zeros(0, np.int64), [], np.zeros(0, np.float32),
                                [(lexical.open_file(folder / e["postings"]), None) for e in group])

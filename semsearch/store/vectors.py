@@ -25,7 +25,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from semsearch.errors import InputError
-from semsearch.store.vecfile import MemoryVectors, VectorFile, widen
+from semsearch.store.vecfile import MemoryVectors, Stacked, VectorFile, widen
 
 log = logging.getLogger(__name__)
 
@@ -332,7 +332,7 @@ class VectorIndex:
         On device 'cuda' the vectors are added on the GPU and copied back to the CPU once."""
         params = dict(params or {})
         on_gpu = device == "cuda" and faiss_gpus() > 0
-        if not isinstance(batches, (VectorFile, MemoryVectors)) and (kind in IVF_TYPES or on_gpu or kind == "ivf-fastscan"):
+        if not isinstance(batches, (VectorFile, MemoryVectors, Stacked)) and (kind in IVF_TYPES or on_gpu or kind == "ivf-fastscan"):
             got = list(batches)
             store = MemoryVectors(dim)
             for ids, vecs in got:
@@ -348,7 +348,7 @@ class VectorIndex:
     @classmethod
     def _build(cls, dim: int, kind: str, batches, n: int, params: dict[str, Any], train_sample: int, seed: int,
                device: str) -> "VectorIndex":
-        store = batches if isinstance(batches, (VectorFile, MemoryVectors)) else None
+        store = batches if isinstance(batches, (VectorFile, MemoryVectors, Stacked)) else None
         vi = cls.trained(dim, kind, n, store, params, train_sample, seed, device)
         return vi.fill(store if store is not None else batches)
 
@@ -373,7 +373,7 @@ class VectorIndex:
         """Add every vector of `batches` (an iterator of (ids, vectors), or a vector store, read in
         batches) to this trained index; an ivf-fastscan index re-ranks against the store itself.
         `after`: of a store, only the vectors of ids above it (those up to it are in already)."""
-        store = batches if isinstance(batches, (VectorFile, MemoryVectors)) else None
+        store = batches if isinstance(batches, (VectorFile, MemoryVectors, Stacked)) else None
         if after is not None and store is None:
             raise ValueError("fill(after=...) reads a vector store")
         if store is not None and self.external_refine:
