@@ -419,16 +419,22 @@ class DocStores:
         try:
             for p in paths:
                 self.members.append(DocStore(p, readonly=True))
-            ranges = [m.db.execute("SELECT MIN(id), MAX(id) FROM chunks").fetchone() for m in self.members]
         except BaseException:
             self.close()
             raise
-        held = [j for j, r in enumerate(ranges) if r[0] is not None]  # (a member may hold only empty files)
-        self._held = np.array(held, np.int64)
-        self._lo = np.array([ranges[j][0] for j in held], np.int64)
         self.path = self.members[0].path  # for messages
         self.db = _ChainedDB(self.members)
         self._memo = Memo()
+
+    def _firsts(self) -> tuple[np.ndarray, np.ndarray]:
+        """(the members holding chunks, the first chunk id of each): read once, when first routed
+        (one primary-key lookup a member; `SELECT MIN(id), MAX(id)` would scan every row)."""
+        def read():
+            firsts = [m.db.execute("SELECT id FROM chunks ORDER BY id LIMIT 1").fetchone() for m in self.members]
+            held = [j for j, r in enumerate(firsts) if r is not None]  # (a member may hold only empty files)
+            return np.array(held, np.int64), np.array([firsts[j][0] for j in held], np.int64)
+
+        return self._memo("firsts", read)
 
     def memo(self, key: Any, build):
         return self._memo(key, build)
@@ -439,11 +445,12 @@ class DocStores:
 
     def _route(self, ids: Iterable[int]) -> list[tuple[DocStore, list[int]]]:
         ids = sorted({int(i) for i in ids})
-        at = np.searchsorted(self._lo, np.array(ids, np.int64), "right") - 1
+        held, lo = self._firsts()
+        at = np.searchsorted(lo, np.array(ids, np.int64), "right") - 1
         out: dict[int, list[int]] = {}
         for i, j in zip(ids, at.tolist()):
             if j >= 0:
-                out.setdefault(int(self._held[j]), []).append(i)
+                out.setdefault(int(held[j]), []).append(i)
         return [(self.members[j], part) for j, part in sorted(out.items())]
 
     def files(self) -> dict[str, StoredFile]:

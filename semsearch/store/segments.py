@@ -149,7 +149,8 @@ def segment_entry(folder: Path, seg_id: int, store: DocStore, vectors, index: di
     """The manifest entry of a freshly written segment (its docstore still open; its data files
     saved and fsynced): counts, id range, vector index entry, kept-state files, integrity records."""
     counts = store.counts()
-    lo, hi = store.db.execute("SELECT MIN(id), MAX(id) FROM chunks").fetchone()
+    # (two primary-key lookups: SQLite answers MIN and MAX in one statement by a scan of every row)
+    lo, hi = (next(iter(store.db.execute(f"SELECT id FROM chunks ORDER BY id {d} LIMIT 1")), (None,))[0] for d in ("ASC", "DESC"))
     docs_file, vectors_file = f"docs.{seg_id}.sqlite", f"vectors.{seg_id}.faiss"
     names = [docs_file, vectors_file]
     if (Path(folder) / vecfile.file_name(seg_id)).exists():  # its vectors (store/vecfile.py)
