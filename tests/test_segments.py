@@ -333,6 +333,16 @@ def test_a_long_run_keeps_its_segments_docstores_in_place_and_every_read_and_wri
     assert len(kept) > 3 and f"docs.{seg['id']}.sqlite" not in kept  # the rolled segments' own files, no new one
     assert sorted(p.name for p in rolled.glob("docs.*.sqlite")) == sorted(kept)
     assert_same_index(once, rolled)
+    from semsearch.store import docstore
+    a, b = docstore.open_docs(rolled, seg), docstore.open_docs(rolled, seg)
+    assert a._shared is b._shared and a.counts() == {k: seg[k] for k in ("files", "documents")} | {"chunks": seg["rows"]}
+    a.close()
+    a.close()  # (once per opener)
+    assert b._shared._users == 1
+    b.close()  # idle, kept open for the next write or reader of the same files
+    c = docstore.open_docs(rolled, seg)
+    assert c._shared is a._shared and len(c.get_chunks([seg["min_id"], seg["max_id"]])) == 2
+    c.close()
     filters = [None, ["path:*f0[1-4].txt"], ["path:*f1*"]]
 
     def same_answers() -> None:

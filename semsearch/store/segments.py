@@ -232,6 +232,7 @@ class Segment:
             self.docs.close()
             raise
         self._lock = threading.Lock()
+        self._memo = Memo()
         self._ids: np.ndarray | None = None
         self._file_ids: np.ndarray | None = None
 
@@ -274,7 +275,9 @@ class Segment:
             raise damaged(self.folder, name, f"damaged ({e})") from e
 
     def memo(self, key: Any, build):
-        return self.docs.memo(key, build)
+        """build() computed once for this segment (the readers' forms of its columns); its own,
+        not its docstore's: several docstores may be shared with other openers (open_docs)."""
+        return self._memo(key, build)
 
     def vectors_of(self, ids) -> tuple[np.ndarray, np.ndarray]:
         """(the given ids the segment holds, sorted; their stored vectors): from its vector file,
