@@ -379,6 +379,29 @@ def test_a_long_run_keeps_its_segments_docstores_in_place_and_every_read_and_wri
     assert verify(rolled) == []
 
 
+def test_a_long_runs_merge_that_fails_beside_its_postings_thread_leaves_the_run_resumable(tmp_path, fake_encoder, monkeypatch):
+    """The vector side of the run's final merge fails while the posting file is merged in its
+    thread: the error reaches the caller once that thread is done, and the next run ends with the
+    index a run without failure builds, no posting file left over."""
+    from test_engines import assert_same_index
+
+    src = _corpus(tmp_path / "c", 14)
+    index_corpus(src, tmp_path / "once", fake_encoder, progress=False, segment_chunks=None)
+    folder = tmp_path / "rolled"
+
+    def broken(*a, **k):
+        raise RuntimeError("the vector side failed")
+
+    monkeypatch.setattr(merge_, "build_vectors", broken)
+    with pytest.raises(RuntimeError, match="the vector side failed"):
+        index_corpus(src, folder, fake_encoder, progress=False, segment_chunks=5)
+    monkeypatch.undo()
+    index_corpus(src, folder, fake_encoder, progress=False, segment_chunks=5)
+    assert not list(folder.glob("*.tmp")) and len(Manifest.load(folder).segments) == 1
+    assert sorted(p.name for p in folder.iterdir() if p.name.startswith("lexical.")) == [Manifest.load(folder).segments[0]["postings"]]
+    assert_same_index(tmp_path / "once", folder)
+
+
 def test_a_long_runs_fast_scan_vectors_are_written_once_list_by_list_from_its_segments_files(tmp_path, fake_encoder, monkeypatch):
     """The run's end indexes its segments' vector files read as one (vecfile.Stacked) and writes
     the merged segment's file once, in list order: no id-order copy first. Same index, same

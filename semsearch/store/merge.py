@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import math
 import sqlite3
+import threading
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -313,26 +314,34 @@ def _merge_in_place(folder: Path, group: list[dict], seg_id: int, dim: int, mani
     vectors_file = f"vectors.{seg_id}.faiss"
     steps = _Steps(seg_id)
     index = (manifest.index or {})
-    # the segments' vector files read as one: indexed and tuned from there, then written once
-    vecs = vecfile.Stacked([VectorFile(folder / e["vecs"]) for e in group])
-    target = (index.get("recall") or {}).get("target", 0.95)
-    rows = sum(int(e["rows"]) for e in group)
-    vi, ventry = build_vectors(vecs, dim, _requested(manifest), rows, target, params=index.get("params"), trained=trained)
-    steps.done("vector index built and tuned (docstores kept in place)")
-    path = folder / vecfile.file_name(seg_id)
-    with vecs.sweeping():
-        if vi.external_refine and len(vecs):  # list by list (order_by_lists), in one writing
-            vecfile.write_ordered(path, vecs.ids, dim, vecfile.list_order(vecs.ids, vi.lists()),
-                                  lambda pos: vecs.at_positions(pos, sweep=True), index.get("storage"))
-        else:
-            vecfile.write_batches(path, vecs.ids, dim, (v for _, v in vecs.iter(65536)), index.get("storage"))
-    if vi.external_refine:
-        vi.refine = VectorFile(path)
-    steps.done("vectors written" + (" list by list" if vi.external_refine else ""))
+    # The posting file is merged in a thread beside the vector side (numpy and faiss release the
+    # interpreter's lock; neither reads what the other writes): the merge takes the longer of
+    # the two, not their sum.
     postings = lexical.file_name(f"docs.{seg_id}.sqlite")
-    lexical.write_segment_file(folder / postings, np.zeros(0, np.int64), [], np.zeros(0, np.float32),
-                               [(lexical.open_file(folder / e["postings"]), None) for e in group])
-    steps.done("postings merged")
+    posted = _beside(lambda: lexical.write_segment_file(folder / postings, np.zeros(0, np.int64), [], np.zeros(0, np.float32),
+                                                        [(lexical.open_file(folder / e["postings"]), None) for e in group]))
+    try:
+        # the segments' vector files read as one: indexed and tuned from there, then written once
+        vecs = vecfile.Stacked([VectorFile(folder / e["vecs"]) for e in group])
+        target = (index.get("recall") or {}).get("target", 0.95)
+        rows = sum(int(e["rows"]) for e in group)
+        vi, ventry = build_vectors(vecs, dim, _requested(manifest), rows, target, params=index.get("params"), trained=trained)
+        steps.done("vector index built and tuned (docstores kept in place)")
+        path = folder / vecfile.file_name(seg_id)
+        with vecs.sweeping():
+            if vi.external_refine and len(vecs):  # list by list (order_by_lists), in one writing
+                vecfile.write_ordered(path, vecs.ids, dim, vecfile.list_order(vecs.ids, vi.lists()),
+                                      lambda pos: vecs.at_positions(pos, sweep=True), index.get("storage"))
+            else:
+                vecfile.write_batches(path, vecs.ids, dim, (v for _, v in vecs.iter(65536)), index.get("storage"))
+        if vi.external_refine:
+            vi.refine = VectorFile(path)
+        steps.done("vectors written" + (" list by list" if vi.external_refine else ""))
+    except BaseException:
+        posted.exception()  # (its file is an unpublished one the writer removes: not while it is written)
+        raise
+    posted.result()
+    steps.done("postings merged (beside the vectors), waited for")
     vi.save(folder / vectors_file, vectors_elsewhere=True)
     for name in (vectors_file, vecfile.file_name(seg_id), postings):
         fsync_file(folder / name)
@@ -353,6 +362,23 @@ def _merge_in_place(folder: Path, group: list[dict], seg_id: int, dim: int, mani
         out["vectors_from"] = "vecs"
     if not out["docs_more"]:
         del out["docs_more"]
+    return out
+
+
+def _beside(fn) -> "Future":
+    """fn() run in a thread of its own; its result (or exception) from the future it gives back.
+    The thread is a daemon: a merge stopped by an error or Ctrl-C does not wait for it at exit."""
+    from concurrent.futures import Future
+
+    out: Future = Future()
+
+    def run() -> None:
+        try:
+            out.set_result(fn())
+        except BaseException as e:  # noqa: BLE001 - handed to result()
+            out.set_exception(e)
+
+    threading.Thread(target=run, name="semsearch-postings-merge", daemon=True).start()
     return out
 
 
