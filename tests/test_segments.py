@@ -371,9 +371,13 @@ def test_a_long_run_keeps_its_segments_docstores_in_place_and_every_read_and_wri
     b = Retriever.load(parted, encoder=fake_encoder)
     assert sorted(h.text for h in b.search("comet orbit", 50, mode="lexical")) == \
         sorted(h.text for h in Retriever.load(once, encoder=fake_encoder).search("comet orbit", 50, mode="lexical"))
+    held = docstore.open_docs(rolled, Manifest.load(rolled).segments[0])  # (a reader of the old generation)
     compact(rolled)
     m = Manifest.load(rolled)
     assert len(m.segments) == 1 and not m.segments[0].get("docs_more") and m.format_version == FORMAT_VERSION
+    assert len(held.get_chunks([seg["min_id"]])) == 1  # still readable from its open files
+    held.close()  # the last user of files compact removed: closed, not kept open (their space given back)
+    assert held._shared._key not in docstore._OPEN and all(not m._conns for m in held._shared.members)
     assert [p.name for p in rolled.glob("docs.*.sqlite")] == [m.segments[0]["docs"]]
     same_answers()
     assert verify(rolled) == []

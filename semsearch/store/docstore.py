@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import threading
 from dataclasses import dataclass
@@ -482,8 +483,22 @@ class DocStores:
         if self._key is not None:
             with _OPEN_LOCK:
                 self._users -= 1
-            return
+                if self._users or not self._replaced():
+                    return
+                if _OPEN.get(self._key) is self:
+                    del _OPEN[self._key]
         self.members_close()
+
+    def _replaced(self) -> bool:
+        """Whether a file of these was removed or replaced since it was opened (`compact`, a
+        rebuild): kept open, its disk space would not be given back until the process ends."""
+        for path, ino, *_ in self._key or ():
+            try:
+                if os.stat(path).st_ino != ino:
+                    return True
+            except OSError:
+                return True
+        return False
 
     def members_close(self) -> None:
         for m in self.members:
