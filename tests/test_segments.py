@@ -383,6 +383,69 @@ def test_a_long_run_keeps_its_segments_docstores_in_place_and_every_read_and_wri
     assert verify(rolled) == []
 
 
+def test_kept_docstores_answer_many_threads_and_asyncio_while_a_writer_writes_in_the_same_process(tmp_path, fake_encoder):
+    """One process holds a segment of several docstores open for its readers (a Retriever
+    refreshing on every call, from 6 threads and an asyncio loop) while its writer upserts and
+    deletes documents, opening the same docstores (open_docs shares them): no error, every
+    answer whole, and the last generation answers as a fresh Retriever does."""
+    import asyncio
+    import threading
+
+    src = _corpus(tmp_path / "c", 14)
+    folder = tmp_path / "rolled"
+    index_corpus(src, folder, fake_encoder, progress=False, segment_chunks=5)
+    assert Manifest.load(folder).segments[0].get("docs_more")
+    r = Retriever.load(folder, encoder=fake_encoder)
+    stop, errors, answered = threading.Event(), [], [0]
+
+    def ask(i: int) -> None:
+        q, mode = QUERIES[i % len(QUERIES)], ("dense", "lexical", "hybrid")[i % 3]
+        hits = r.search(q, 5, mode=mode, where=["path:*f0*"] if i % 2 else None)
+        assert all(h.text for h in hits)
+        answered[0] += 1
+
+    def reader(j: int) -> None:
+        i = j
+        while not stop.is_set():
+            try:
+                ask(i)
+            except Exception as e:  # noqa: BLE001 - reported below
+                errors.append(repr(e))
+            i += 1
+
+    async def loop_reader() -> None:
+        i = 0
+        while not stop.is_set():
+            try:
+                await asyncio.to_thread(ask, i)
+            except Exception as e:  # noqa: BLE001
+                errors.append(repr(e))
+            i += 1
+
+    threads = [threading.Thread(target=reader, args=(j,)) for j in range(6)]
+    threads.append(threading.Thread(target=lambda: asyncio.run(loop_reader())))
+    for t in threads:
+        t.start()
+    try:
+        rng = random.Random(5)
+        for n in range(12):
+            upsert_documents(folder, [Document(f"d{n}", _text(rng, 30) + " comet orbit", {"tag": "w"})], fake_encoder)
+            if n % 3 == 2:
+                delete_documents(folder, [f"d{n - 1}"])
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert not errors, errors[:3]
+    assert answered[0] > 20
+    fresh = Retriever.load(folder, encoder=fake_encoder)
+    got, want = _results(r), _results(fresh)
+    for key in want:
+        _same(got[key], want[key], key)
+    r.close()
+    fresh.close()
+
+
 def test_a_long_runs_merge_that_fails_beside_its_postings_thread_leaves_the_run_resumable(tmp_path, fake_encoder, monkeypatch):
     """The vector side of the run's final merge fails while the posting file is merged in its
     thread: the error reaches the caller once that thread is done, and the next run ends with the
