@@ -323,7 +323,8 @@ def test_a_vector_file_finds_rows_by_offset_or_by_search_the_same(tmp_path, ids)
 @pytest.mark.parametrize("ids", [np.arange(5, 2005), np.arange(5, 4005, 2)])
 def test_a_vector_file_in_list_order_reads_like_one_in_id_order(tmp_path, ids, storage):
     """Rows kept list by list (an IVF segment's order) give every reader the same vectors as the
-    id-ordered file: by id, in batches, sampled, gathered for re-ranking (in file order)."""
+    id-ordered file: by id, in batches, in the order stored, sampled, gathered for re-ranking (in
+    file order)."""
     rng = np.random.default_rng(2)
     x = rng.standard_normal((len(ids), 8)).astype(np.float32)
     lists = np.array_split(rng.permutation(ids), 37)
@@ -344,6 +345,11 @@ def test_a_vector_file_in_list_order_reads_like_one_in_id_order(tmp_path, ids, s
     for (ia, va), (ib, vb) in zip(a.iter(333, keep=lambda i: i % 3 != 0), b.iter(333, keep=lambda i: i % 3 != 0)):
         assert np.array_equal(ia, ib) and np.array_equal(va, vb)
     assert all(np.array_equal(u, v) for u, v in zip(a.sample(50, seed=4), b.sample(50, seed=4)))
+    # every row once in the order stored (exact search's ground truth): the rows on disk in turn
+    stored = list(b.iter_stored(333))
+    sid, sv = np.concatenate([i for i, _ in stored]), np.concatenate([v for _, v in stored])
+    assert np.array_equal(sid[: len(first)], first) and np.array_equal(np.sort(sid), ids)
+    assert np.array_equal(sv, a.get(sid)) and all(len(i) <= 333 for i, _ in stored)
     got_ids, got = b.get_file_order(ask)
     rows, _ = b.rows(got_ids)
     assert (np.diff(rows) >= 0).all() and np.array_equal(got, a.get(got_ids))

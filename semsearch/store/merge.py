@@ -562,7 +562,8 @@ def tune_segment(vi: VectorIndex, vecs, target: float, k: int = 10, sample: int 
     else:
         pick = np.sort(np.random.default_rng(0).choice(len(vecs), min(sample, len(vecs)), replace=False))
         queries, self_ids = vecs.at_positions(pick), vecs.ids[pick].copy()
-    exact = exact_knn(queries, vecs.iter(65536), k, self_ids)
+    # in the order the rows are stored (the ground truth needs every row, not id order)
+    exact = exact_knn(queries, getattr(vecs, "iter_stored", vecs.iter)(65536), k, self_ids)
     return tune(vi, queries, exact, k, target, self_ids)
 
 
