@@ -469,6 +469,59 @@ def test_a_long_runs_merge_that_fails_beside_its_postings_thread_leaves_the_run_
     assert_same_index(tmp_path / "once", folder)
 
 
+@pytest.mark.parametrize("fail", ["tuning", "vector file"])
+def test_a_long_runs_recall_is_tuned_beside_its_vector_file_and_a_failure_of_either_leaves_the_run_resumable(
+        tmp_path, fake_encoder, monkeypatch, fail):
+    """The run's final merge tunes the fast-scan index's recall in a thread while it writes the
+    vector file: the tuning runs there and its knobs reach the manifest; where either side
+    fails, the error reaches the caller once the tuning is done, and the next run ends with the
+    index a run without failure builds, no file left over."""
+    import threading
+
+    from semsearch.indexing import VectorSettings
+    from semsearch.store import vecfile
+    from test_engines import assert_same_index
+
+    src = tmp_path / "c"
+    src.mkdir()
+    for i in range(24):
+        (src / f"f{i:02d}.txt").write_text(_text(random.Random(300 + i), 300) + "\n")
+    fs = VectorSettings(index_type="ivf-fastscan", storage="fp16")
+    index_corpus(src, tmp_path / "once", fake_encoder, progress=False, segment_chunks=None, vectors=fs)
+    folder = tmp_path / "rolled"
+    real_tune, real_write = merge_.tune_segment, vecfile.write_ordered
+    tuned_in = []
+
+    def tune(*a, **k):
+        tuned_in.append(threading.current_thread().name)
+        if fail == "tuning":
+            raise RuntimeError("the tuning failed")
+        return real_tune(*a, **k)
+
+    def write(*a, **k):
+        if fail == "vector file":
+            raise RuntimeError("the vector file failed")
+        return real_write(*a, **k)
+
+    monkeypatch.setattr(merge_, "tune_segment", tune)
+    monkeypatch.setattr(vecfile, "write_ordered", write)
+    with pytest.raises(RuntimeError, match=f"the {fail} failed"):
+        index_corpus(src, folder, fake_encoder, progress=False, segment_chunks=60, vectors=fs)
+    assert tuned_in[-1] == "semsearch-recall-tuning"  # (a segment published on the way is tuned as it is written)
+    assert not [t for t in threading.enumerate() if t.name == "semsearch-recall-tuning"]
+    fail, tuned_in[:] = None, []
+    index_corpus(src, folder, fake_encoder, progress=False, segment_chunks=60, vectors=fs)
+    assert tuned_in[-1] == "semsearch-recall-tuning"
+    m = Manifest.load(folder)
+    assert not list(folder.glob("*.tmp")) and len(m.segments) == 1
+    seg = m.segments[0]["index"]
+    assert seg["type"] == "ivf-fastscan" and seg["recall"]["lower"] <= seg["recall"]["recall"]
+    assert (seg["params"]["nprobe"], seg["params"]["k_factor"]) == (seg["recall"]["value"], seg["recall"]["k_factor"])
+    assert sorted(p.name for p in folder.iterdir() if p.name.startswith("vectors.")) == \
+        sorted([m.segments[0]["vecs"], m.segments[0]["vectors"]])
+    assert_same_index(tmp_path / "once", folder)
+
+
 def test_a_long_runs_fast_scan_vectors_are_written_once_list_by_list_from_its_segments_files(tmp_path, fake_encoder, monkeypatch):
     """The run's end indexes its segments' vector files read as one (vecfile.Stacked) and writes
     the merged segment's file once, in list order: no id-order copy first. Same index, same

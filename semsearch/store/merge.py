@@ -325,18 +325,33 @@ def _merge_in_place(folder: Path, group: list[dict], seg_id: int, dim: int, mani
         vecs = vecfile.Stacked([VectorFile(folder / e["vecs"]) for e in group])
         target = (index.get("recall") or {}).get("target", 0.95)
         rows = sum(int(e["rows"]) for e in group)
-        vi, ventry = build_vectors(vecs, dim, _requested(manifest), rows, target, params=index.get("params"), trained=trained)
-        steps.done("vector index built and tuned (docstores kept in place)")
+        vi, ventry = build_vectors(vecs, dim, _requested(manifest), rows, target, params=index.get("params"), trained=trained,
+                                   tune=False)
+        steps.done("vector index built (docstores kept in place)")
         path = folder / vecfile.file_name(seg_id)
         with vecs.sweeping():
-            if vi.external_refine and len(vecs):  # list by list (order_by_lists), in one writing
-                vecfile.write_ordered(path, vecs.ids, dim, vecfile.list_order(vecs.ids, vi.lists()),
-                                      lambda pos: vecs.at_positions(pos, sweep=True), index.get("storage"))
-            else:
-                vecfile.write_batches(path, vecs.ids, dim, (v for _, v in vecs.iter(65536)), index.get("storage"))
+            # The recall tuning (exact search over every vector, then trial searches) in a thread
+            # beside the vector file's writing (reads scattered over the segments' files, then a
+            # write): neither changes what the other reads (a fast-scan index's lists are fixed
+            # once filled; the tuner sets only its knobs), so the merge takes the longer of the two.
+            tuned = _beside(lambda: tune_segment(vi, vecs, target) if ventry["type"] != "flat" and rows > 10 else None,
+                            "semsearch-recall-tuning")
+            try:
+                if vi.external_refine and len(vecs):  # list by list (order_by_lists), in one writing
+                    vecfile.write_ordered(path, vecs.ids, dim, vecfile.list_order(vecs.ids, vi.lists()),
+                                          lambda pos: vecs.at_positions(pos, sweep=True), index.get("storage"))
+                else:
+                    vecfile.write_batches(path, vecs.ids, dim, (v for _, v in vecs.iter(65536)), index.get("storage"))
+            except BaseException:
+                tuned.exception()  # (it reads the segments' files, which stay: waited for, not stopped)
+                raise
+            steps.done("vectors written" + (" list by list" if vi.external_refine else ""))
+            recall = tuned.result()
+            steps.done("recall tuning (beside the vectors) waited for")
+        if recall is not None:
+            ventry["recall"], ventry["params"] = recall, vi.params
         if vi.external_refine:
             vi.refine = VectorFile(path)
-        steps.done("vectors written" + (" list by list" if vi.external_refine else ""))
     except BaseException:
         posted.exception()  # (its file is an unpublished one the writer removes: not while it is written)
         raise
@@ -365,7 +380,7 @@ def _merge_in_place(folder: Path, group: list[dict], seg_id: int, dim: int, mani
     return out
 
 
-def _beside(fn) -> "Future":
+def _beside(fn, name: str = "semsearch-postings-merge") -> "Future":
     """fn() run in a thread of its own; its result (or exception) from the future it gives back.
     The thread is a daemon: a merge stopped by an error or Ctrl-C does not wait for it at exit."""
     from concurrent.futures import Future
@@ -378,7 +393,7 @@ def _beside(fn) -> "Future":
         except BaseException as e:  # noqa: BLE001 - handed to result()
             out.set_exception(e)
 
-    threading.Thread(target=run, name="semsearch-postings-merge", daemon=True).start()
+    threading.Thread(target=run, name=name, daemon=True).start()
     return out
 
 
@@ -519,14 +534,16 @@ def segment_type(requested: str, n: int, dim: int, max_bytes_per_vector: int | N
 def build_vectors(vecs, dim: int, requested: str, n: int, target: float, params: dict | None = None,
                   k: int = 10, sample: int = 500, tune_queries: np.ndarray | None = None, device: str = "cpu",
                   max_bytes_per_vector: int | None = None, current: VectorIndex | None = None,
-                  trained_on: int = 0, trained: VectorIndex | None = None) -> tuple[VectorIndex, dict[str, Any]]:
+                  trained_on: int = 0, trained: VectorIndex | None = None, tune: bool = True
+                  ) -> tuple[VectorIndex, dict[str, Any]]:
     """The vector index of a segment's vectors `vecs` (n of them: its vector file, or the rows a
     writer holds; store/vecfile.py) and its manifest entry: the type for its size; `current`
     (the index filled while writing) is kept where it is that type and needs no retraining; the
     search knob is tuned to recall `target` at k. `trained`: an empty index whose quantizer a long
     run trained beside its build (indexing._Run), filled instead of training one here where it
     is the type and about the size this segment asks for. Reads the vectors in batches: memory
-    holds the index, the training sample and one batch."""
+    holds the index, the training sample and one batch. `tune=False`: the caller tunes it
+    (tune_segment, its result the entry's `recall`)."""
     with vecs.sweeping():  # a file no reader has yet: its scattered reads by pread, its pages let go of
         t0 = time.perf_counter()
         kind = segment_type(requested, n, dim, max_bytes_per_vector)
@@ -545,7 +562,7 @@ def build_vectors(vecs, dim: int, requested: str, n: int, target: float, params:
             trained_on = n
         entry: dict[str, Any] = {"type": kind, "params": vi.params, "trained_on": trained_on,
                                  "bytes_per_vector": bytes_per_vector(kind, dim), "built_on": vi.built_on}
-        if kind != "flat" and n > k:
+        if tune and kind != "flat" and n > k:
             entry["recall"] = tune_segment(vi, vecs, target, k, sample, tune_queries)
             entry["params"] = vi.params
         entry["build_seconds"] = round(time.perf_counter() - t0, 2)
