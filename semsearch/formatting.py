@@ -74,7 +74,8 @@ def info_rows(folder, m) -> list[tuple[str, object]]:
         rows.append(("index params", json.dumps(m.index["params"])))
     if m.index.get("recall"):
         r = m.index["recall"]
-        rows.append(("index recall", f"{r['recall']:.3f} recall@{r['k']} against exact search on {r['queries']} queries "
+        low = f" (at least {r['lower']:.3f}, one-sided 95%)" if "lower" in r else ""
+        rows.append(("index recall", f"{r['recall']:.3f} recall@{r['k']}{low} against exact search on {r['queries']} queries "
                                      f"(target {r['target']}{', ' + r['knob'] + '=' + str(r['value']) if 'knob' in r else ''}"
                                      f"{', k_factor=' + str(r['k_factor']) if 'k_factor' in r else ''})"))
     return rows

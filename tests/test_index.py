@@ -361,6 +361,9 @@ def test_tune_command_retunes_in_place_and_readers_follow(tmp_path, fake_encoder
     assert all(a.score >= b.score - 1e-6 for a, b in zip(r.search("w1 w2 w3", k=5, mode="dense"), first))
     res = CliRunner().invoke(main, ["tune", "--index", str(folder)])
     assert res.exit_code == 0 and "recall@10 " in res.output and "-> " in res.output, res.output
+    res = CliRunner().invoke(main, ["info", "--index", str(folder)])
+    low = Manifest.load(folder).index["recall"]["lower"]
+    assert res.exit_code == 0 and f"recall@10 (at least {low:.3f}, one-sided 95%)" in res.output, res.output
 
 
 def test_auto_type_follows_size_and_memory_budget():
