@@ -712,7 +712,8 @@ def tune(vi: VectorIndex, queries: np.ndarray, exact_ids: np.ndarray, k: int, ta
 # index (fp16 rows in list order, 250 vectors a list; Intel Xeon, one query at a time): nprobe
 # 8 -> 32 at 1,000 rows re-ranked added 0.61 ms for 6,000 more codes (~0.1 us each), 500 -> 1,000
 # rows re-ranked at nprobe 2 -> 4 added 0.79 ms (~1.6 us each). So a re-ranked row costs ~16 codes:
-# at 10M chunks nprobe 4 with k_factor 300 (3,000 rows) answered in 8.96 ms, nprobe 8 with 100 in 5.7.
+# at 10M chunks (790 a list), one process, in turns: nprobe 4 with k_factor 300 (3,000 rows re-ranked)
+# 10.1-10.3 ms p50, nprobe 8 with 200 (2,000) 5.1-5.6 ms, 16 with 100 (1,000) 3.0-3.5 (docs/benchmarks.md).
 SCAN_COST, RERANK_COST = 1.0, 16.0
 
 
