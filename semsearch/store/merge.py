@@ -313,7 +313,6 @@ def _merge_in_place(folder: Path, group: list[dict], seg_id: int, dim: int, mani
     the text (docs/benchmarks.md: 14 GB of a 10M-chunk build's 27)."""
     vectors_file = f"vectors.{seg_id}.faiss"
     steps = _Steps(seg_id)
-    index = (manifest.index or {})
     # The posting file is merged in a thread beside the vector side (numpy and faiss release the
     # interpreter's lock; neither reads what the other writes): the merge takes the longer of
     # the two, not their sum.
@@ -321,37 +320,7 @@ def _merge_in_place(folder: Path, group: list[dict], seg_id: int, dim: int, mani
     posted = _beside(lambda: lexical.write_segment_file(folder / postings, np.zeros(0, np.int64), [], np.zeros(0, np.float32),
                                                         [(lexical.open_file(folder / e["postings"]), None) for e in group]))
     try:
-        # the segments' vector files read as one: indexed and tuned from there, then written once
-        vecs = vecfile.Stacked([VectorFile(folder / e["vecs"]) for e in group])
-        target = (index.get("recall") or {}).get("target", 0.95)
-        rows = sum(int(e["rows"]) for e in group)
-        vi, ventry = build_vectors(vecs, dim, _requested(manifest), rows, target, params=index.get("params"), trained=trained,
-                                   tune=False)
-        steps.done("vector index built (docstores kept in place)")
-        path = folder / vecfile.file_name(seg_id)
-        with vecs.sweeping():
-            # The recall tuning (exact search over every vector, then trial searches) in a thread
-            # beside the vector file's writing (reads scattered over the segments' files, then a
-            # write): neither changes what the other reads (a fast-scan index's lists are fixed
-            # once filled; the tuner sets only its knobs), so the merge takes the longer of the two.
-            tuned = _beside(lambda: tune_segment(vi, vecs, target) if ventry["type"] != "flat" and rows > 10 else None,
-                            "semsearch-recall-tuning")
-            try:
-                if vi.external_refine and len(vecs):  # list by list (order_by_lists), in one writing
-                    vecfile.write_ordered(path, vecs.ids, dim, vecfile.list_order(vecs.ids, vi.lists()),
-                                          lambda pos: vecs.at_positions(pos, sweep=True), index.get("storage"))
-                else:
-                    vecfile.write_batches(path, vecs.ids, dim, (v for _, v in vecs.iter(65536)), index.get("storage"))
-            except BaseException:
-                tuned.exception()  # (it reads the segments' files, which stay: waited for, not stopped)
-                raise
-            steps.done("vectors written" + (" list by list" if vi.external_refine else ""))
-            recall = tuned.result()
-            steps.done("recall tuning (beside the vectors) waited for")
-        if recall is not None:
-            ventry["recall"], ventry["params"] = recall, vi.params
-        if vi.external_refine:
-            vi.refine = VectorFile(path)
+        vi, ventry, rows = _merged_vectors(folder, group, seg_id, dim, manifest, trained, steps)
     except BaseException:
         posted.exception()  # (its file is an unpublished one the writer removes: not while it is written)
         raise
@@ -378,6 +347,45 @@ def _merge_in_place(folder: Path, group: list[dict], seg_id: int, dim: int, mani
     if not out["docs_more"]:
         del out["docs_more"]
     return out
+
+
+def _merged_vectors(folder: Path, group: list[dict], seg_id: int, dim: int, manifest, trained: VectorIndex | None,
+                    steps: "_Steps") -> tuple[VectorIndex, dict, int]:
+    """_merge_in_place's vector side: the vector index of the segments' vector files read as one
+    (filled, then tuned beside the writing of the merged vector file, list by list)."""
+    index = (manifest.index or {})
+    # the segments' vector files read as one: indexed and tuned from there, then written once
+    vecs = vecfile.Stacked([VectorFile(folder / e["vecs"]) for e in group])
+    target = (index.get("recall") or {}).get("target", 0.95)
+    rows = sum(int(e["rows"]) for e in group)
+    vi, ventry = build_vectors(vecs, dim, _requested(manifest), rows, target, params=index.get("params"), trained=trained,
+                               tune=False)
+    steps.done("vector index built (docstores kept in place)")
+    path = folder / vecfile.file_name(seg_id)
+    with vecs.sweeping():
+        # The recall tuning (exact search over every vector, then trial searches) in a thread
+        # beside the vector file's writing (reads scattered over the segments' files, then a
+        # write): neither changes what the other reads (a fast-scan index's lists are fixed
+        # once filled; the tuner sets only its knobs), so the merge takes the longer of the two.
+        tuned = _beside(lambda: tune_segment(vi, vecs, target) if ventry["type"] != "flat" and rows > 10 else None,
+                        "semsearch-recall-tuning")
+        try:
+            if vi.external_refine and len(vecs):  # list by list (order_by_lists), in one writing
+                vecfile.write_ordered(path, vecs.ids, dim, vecfile.list_order(vecs.ids, vi.lists()),
+                                      lambda pos: vecs.at_positions(pos, sweep=True), index.get("storage"))
+            else:
+                vecfile.write_batches(path, vecs.ids, dim, (v for _, v in vecs.iter(65536)), index.get("storage"))
+        except BaseException:
+            tuned.exception()  # (it reads the segments' files, which stay: waited for, not stopped)
+            raise
+        steps.done("vectors written" + (" list by list" if vi.external_refine else ""))
+        recall = tuned.result()
+        steps.done("recall tuning (beside the vectors) waited for")
+    if recall is not None:
+        ventry["recall"], ventry["params"] = recall, vi.params
+    if vi.external_refine:
+        vi.refine = VectorFile(path)
+    return vi, ventry, rows
 
 
 def _beside(fn, name: str = "semsearch-postings-merge") -> "Future":
