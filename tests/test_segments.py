@@ -469,6 +469,20 @@ def test_a_long_runs_merge_that_fails_beside_its_postings_thread_leaves_the_run_
     assert_same_index(tmp_path / "once", folder)
 
 
+def _fast_scan_once(tmp_path, encoder):
+    """A corpus of 24 files and its fast-scan index built in one go (tmp_path/once), with its
+    settings: what a long run of the same corpus is compared with."""
+    from semsearch.indexing import VectorSettings
+
+    src = tmp_path / "c"
+    src.mkdir()
+    for i in range(24):
+        (src / f"f{i:02d}.txt").write_text(_text(random.Random(300 + i), 300) + "\n")
+    fs = VectorSettings(index_type="ivf-fastscan", storage="fp16")
+    index_corpus(src, tmp_path / "once", encoder, progress=False, segment_chunks=None, vectors=fs)
+    return src, fs
+
+
 @pytest.mark.parametrize("fail", ["tuning", "vector file"])
 def test_a_long_runs_recall_is_tuned_beside_its_vector_file_and_a_failure_of_either_leaves_the_run_resumable(
         tmp_path, fake_encoder, monkeypatch, fail):
@@ -478,16 +492,10 @@ def test_a_long_runs_recall_is_tuned_beside_its_vector_file_and_a_failure_of_eit
     index a run without failure builds, no file left over."""
     import threading
 
-    from semsearch.indexing import VectorSettings
     from semsearch.store import vecfile
     from test_engines import assert_same_index
 
-    src = tmp_path / "c"
-    src.mkdir()
-    for i in range(24):
-        (src / f"f{i:02d}.txt").write_text(_text(random.Random(300 + i), 300) + "\n")
-    fs = VectorSettings(index_type="ivf-fastscan", storage="fp16")
-    index_corpus(src, tmp_path / "once", fake_encoder, progress=False, segment_chunks=None, vectors=fs)
+    src, fs = _fast_scan_once(tmp_path, fake_encoder)
     folder = tmp_path / "rolled"
     real_tune, real_write = merge_.tune_segment, vecfile.write_ordered
     tuned_in = []
@@ -526,16 +534,10 @@ def test_a_long_runs_fast_scan_vectors_are_written_once_list_by_list_from_its_se
     """The run's end indexes its segments' vector files read as one (vecfile.Stacked) and writes
     the merged segment's file once, in list order: no id-order copy first. Same index, same
     answers as a run that published nothing on the way."""
-    from semsearch.indexing import VectorSettings
     from semsearch.store import vecfile
     from test_engines import assert_same_index
 
-    src = tmp_path / "c"
-    src.mkdir()
-    for i in range(24):
-        (src / f"f{i:02d}.txt").write_text(_text(random.Random(300 + i), 300) + "\n")
-    fs = VectorSettings(index_type="ivf-fastscan", storage="fp16")
-    index_corpus(src, tmp_path / "once", fake_encoder, progress=False, segment_chunks=None, vectors=fs)
+    src, fs = _fast_scan_once(tmp_path, fake_encoder)
     batches = []
     real = vecfile.write_batches
     monkeypatch.setattr(vecfile, "write_batches", lambda *a, **k: batches.append(a[0]) or real(*a, **k))
