@@ -117,7 +117,6 @@ def test_an_engine_writes_each_partition_side_by_side_and_the_commit_splits_noth
     the local engine's partitioned and unpartitioned builds chunk for chunk, and stays partitioned
     through an update by either engine."""
     from semsearch.store import merge as merge_
-    from semsearch.store.partition import part_of
 
     a, b, c = tmp_path / "local", tmp_path / "engine", tmp_path / "local-parted"
     index_corpus(sample_copy, a, fake_encoder)
@@ -129,9 +128,8 @@ def test_an_engine_writes_each_partition_side_by_side_and_the_commit_splits_noth
     m = Manifest.load(b)
     assert rep.engine["segments_written"] == 3 and merges == []
     assert m.shards == 3 and sorted(e["part"] for e in m.segments) == [0, 1, 2]
-    for e in m.segments:
-        got = read_paths(b, e)
-        assert got and {part_of(p, 3) for p in got} == {e["part"]}
+    parts_hold_their_documents(b, 3)
+    assert any(e.get("guests") for e in m.segments)  # (the sample's JSONL and CSV records: in every partition)
     assert_same_index(a, b)
     assert_same_index(c, b)
     edit_corpus(sample_copy)
@@ -141,8 +139,45 @@ def test_an_engine_writes_each_partition_side_by_side_and_the_commit_splits_noth
     assert_same_index(a, b)
     assert_same_index(a, c)
     for folder in (b, c):
-        assert all(e.get("part") is not None and {part_of(p, 3) for p in read_paths(folder, e)} <= {e["part"]}
-                   for e in Manifest.load(folder).segments)
+        parts_hold_their_documents(folder, 3)
+
+
+def _segments_by_part(folder):
+    from semsearch.store.manifest import Manifest
+
+    m = Manifest.load(folder)
+    out: dict = {}
+    for e in m.segments:
+        out.setdefault(e.get("part"), []).append(e)
+    return m, out
+
+
+def parts_hold_their_documents(folder, n):
+    """Every live chunk of every segment is of the segment's partition (its document's: hash of
+    its file's path, or of path and row for a record), and every file a segment holds either has
+    a chunk there or is at home there (hash(path) mod n); the segment counts its home files."""
+    import sqlite3
+
+    from semsearch.store.partition import entry_parts, part_of
+
+    m, by_part = _segments_by_part(folder)
+    assert m.shards == n and None not in by_part and set(by_part) <= set(range(n))
+    for e in m.segments:
+        parts, _ = entry_parts(folder, e, n)
+        assert all(len(s.chunks) == 0 for p, s in parts.items() if p != e["part"]), (e["id"], set(parts))
+        db = sqlite3.connect(f"file:{folder / e['docs']}?mode=ro", uri=True)
+        paths = dict(db.execute("SELECT id, path FROM files"))
+        db.close()
+        held = set(parts[e["part"]].files.tolist()) if e["part"] in parts else set()
+        assert held == set(paths) - set(_dead_files(folder, e)), e["id"]
+        assert e["files"] == sum(part_of(paths[f], n) == e["part"] for f in held), e["id"]
+    return m, by_part
+
+
+def _dead_files(folder, e):
+    from semsearch.store.segments import Tombstones
+
+    return Tombstones.load(folder / e["deletes"]).files.tolist() if e.get("deletes") else []
 
 
 def read_paths(folder: Path, entry: dict) -> set[str]:

@@ -393,31 +393,10 @@ def test_a_router_from_many_threads_and_asyncio_while_a_writer_writes(tmp_path, 
 
 
 # ---- indexes partitioned by document (store/partition.py) -----------------------------------------
-def _segments_by_part(folder):
-    from semsearch.store.manifest import Manifest
-
-    m = Manifest.load(folder)
-    out: dict = {}
-    for e in m.segments:
-        out.setdefault(e.get("part"), []).append(e)
-    return m, out
-
-
 def _parts_hold_their_documents(folder, n):
-    """Every live file of every segment is in the segment's partition: hash(path) mod n."""
-    import sqlite3
+    from test_engines import parts_hold_their_documents
 
-    from semsearch.store.partition import entry_parts, part_of
-
-    m, by_part = _segments_by_part(folder)
-    assert m.shards == n and None not in by_part and set(by_part) <= set(range(n))
-    for e in m.segments:
-        parts, _ = entry_parts(folder, e, n)
-        assert set(parts) <= {e["part"]}, (e["id"], set(parts))
-        db = sqlite3.connect(f"file:{folder / e['docs']}?mode=ro", uri=True)
-        assert {part_of(p, n) for (p,) in db.execute("SELECT path FROM files")} <= {e["part"]}
-        db.close()
-    return m, by_part
+    return parts_hold_their_documents(folder, n)
 
 
 @pytest.fixture(scope="module")
@@ -583,6 +562,82 @@ def test_index_shards_builds_partitions_that_writes_keep_and_numbers_that_differ
     assert res.exit_code == 0 and "in 3 partitions by document (" in res.output and "compact` merges them" not in res.output
 
 
+def _records_corpus(root, jsonl_records: int = 600, csv_rows: int = 300, changed: bool = False):
+    """A JSONL file and a CSV file of many records each, and a text file. `changed`: the JSONL
+    file with record 5 rewritten and record 7 gone."""
+    import csv
+
+    root.mkdir(exist_ok=True)
+    with open(root / "notes.jsonl", "w") as fh:
+        for i in range(jsonl_records):
+            if changed and i == 7:
+                continue
+            text = "a rewritten note on zebrafish" if changed and i == 5 else f"Note {i}: {TOPICS[i % 5]} {extra(i)} n{i}"
+            fh.write(json.dumps({"id": f"r{i}", "text": text, "year": 2000 + i % 30}) + "\n")
+    if csv_rows:
+        with open(root / "rows.csv", "w", newline="") as fh:
+            w = csv.writer(fh)
+            w.writerow(["id", "text", "year"])
+            w.writerows([f"c{i}", f"Row {i}: {TOPICS[(i + 2) % 5]} {extra(i)} c{i}", 1990 + i % 40] for i in range(csv_rows))
+    (root / "plain.txt").write_text("A plain file about loan approval and printing presses.\n")
+    return root
+
+
+def _answers_alike(one, parted, enc, wheres=(None, "path:*.jsonl", ["year>=2005", "year<2020"])):
+    a, b = Retriever.load(one, encoder=enc), Retriever.load(parted, encoder=enc)
+    assert a.manifest.counts == b.manifest.counts
+    for mode in ("dense", "lexical", "hybrid"):
+        for where in wheres:
+            for q, x, y in zip(QUERIES, a.search_batch(QUERIES, 10, mode=mode, where=where),
+                               b.search_batch(QUERIES, 10, mode=mode, where=where)):
+                assert_same_up_to_ties(key(x), key(y), (mode, where, q))
+
+
+def test_the_records_of_a_file_are_documents_spread_over_the_partitions_and_go_with_their_file(tmp_path):
+    """`index --shards 3` over a JSONL file of 600 records and a CSV file of 300 rows: each record
+    is a document of its own, so each partition holds a third of the chunks (+-5 points), not
+    whole files; counts (files, documents, chunks) and answers are the unpartitioned index's (3
+    modes x 3 filter forms), served by 3 shards as well. The JSONL file changed (a record
+    rewritten, one gone) and the CSV file deleted: none of their old records is left in any
+    partition. Re-partitioned into 2, then 1: the same counts and answers."""
+    from semsearch.store.folder import compact
+
+    enc = FakeEncoder()
+    corpus = _records_corpus(tmp_path / "c")
+    one, parted = tmp_path / "one", tmp_path / "parted"
+    index_corpus(corpus, one, enc, progress=False)
+    index_corpus(corpus, parted, enc, progress=False, shards=3)
+    m, by_part = _parts_hold_their_documents(parted, 3)
+    assert m.counts["files"] == 3 and m.counts["documents"] == 901, m.counts
+    shares = [sum(e["live"] for e in by_part[p]) / m.counts["chunks"] for p in range(3)]
+    assert all(abs(x - 1 / 3) <= 0.05 for x in shares), shares
+    _answers_alike(one, parted, enc)
+    router = ShardedSearch(parted, local_fanout([Shard(parted, i, 3) for i in range(3)]), enc)
+    want = Retriever.load(one, encoder=enc)
+    for mode in ("dense", "lexical", "hybrid"):
+        for q, x, y in zip(QUERIES, want.search_batch(QUERIES, 10, mode=mode), router.search_batch(QUERIES, 10, mode=mode)):
+            assert_same_up_to_ties(key(x), key(y), (mode, q))
+
+    _records_corpus(corpus, csv_rows=0, changed=True)
+    (corpus / "rows.csv").unlink()
+    for folder in (one, parted):
+        index_corpus(corpus, folder, enc, progress=False)
+    m, _ = _parts_hold_their_documents(parted, 3)
+    assert m.counts["files"] == 2 and m.counts["documents"] == 600, m.counts
+    from semsearch.store.segments import read_rows
+
+    texts = [t for _, t in read_rows(parted, m, "c.text")]  # every live chunk of every partition
+    assert len(texts) == m.counts["chunks"] and "a rewritten note on zebrafish" in texts
+    assert not [t for t in texts if t.startswith(("Note 5:", "Note 7:", "Row "))]
+    assert [h.text for h in Retriever.load(parted, encoder=enc).search("n7 n5 c3", 3, mode="lexical")] == []
+    _answers_alike(one, parted, enc)
+    for n in (2, 1):
+        compact(parted, shards=n)
+        if n > 1:
+            _parts_hold_their_documents(parted, n)
+        _answers_alike(one, parted, enc)
+
+
 def test_a_long_partitioned_run_ends_with_one_merge_a_partition(tmp_path, monkeypatch):
     """A run that publishes its segments as it goes (every ~100 chunks here), unsplit, ends with
     one merge a partition that splits and merges them at once (not a split of each, then a merge),
@@ -607,25 +662,28 @@ def test_a_long_partitioned_run_ends_with_one_merge_a_partition(tmp_path, monkey
     index_corpus(SAMPLE, tmp_path / "parted", enc, progress=False, segment_chunks=100, shards=3)
     _, by_part = _parts_hold_their_documents(tmp_path / "parted", 3)
     assert sorted(by_part) == [0, 1, 2] and all(len(v) == 1 for v in by_part.values())
-    assert sorted(p for _, p in merges) == [0, 1, 2] and all(n > 3 for n, _ in merges), merges  # the run's segments
+    assert sorted(p for _, p in merges) == [(0, 3), (1, 3), (2, 3)] and all(n > 3 for n, _ in merges), merges  # the run's segments
     assert_same_index(tmp_path / "one", tmp_path / "parted")
     # a partitioned index is format 7: a format-6 reader (READABLE up to 6) refuses it rather than
-    # looking interleaved ids up in the wrong segment; one partition stays format 6
+    # looking interleaved ids up in the wrong segment; one partition stays format 6. Where a file's
+    # records fall in several partitions (the sample's JSONL and CSV files) it is format 9: a
+    # format-8 writer would delete such a file from one partition only.
     from semsearch.errors import IndexFormatError
     from semsearch.store import manifest as manifest_
     from semsearch.store.manifest import Manifest
 
     # (one partition built by a long run keeps its segments' docstores in place: format 8, which a
     # format-7 reader refuses rather than seeing only the first docstore's chunks)
-    assert Manifest.load(tmp_path / "parted").format_version == manifest_.PARTED_VERSION == 7
+    parted = Manifest.load(tmp_path / "parted")
+    assert parted.format_version == manifest_.SPREAD_VERSION == 9 and any(e.get("guests") for e in parted.segments)
+    assert manifest_.PARTED_VERSION == 7
     assert Manifest.load(tmp_path / "one").format_version == manifest_.IN_PLACE_VERSION == 8
-    monkeypatch.setattr(manifest_, "READABLE", (1, 2, 3, 4, 5, 6))
-    with pytest.raises(IndexFormatError, match="format version 7"):
+    monkeypatch.setattr(manifest_, "READABLE", (1, 2, 3, 4, 5, 6, 7, 8))
+    with pytest.raises(IndexFormatError, match="format version 9"):
         Manifest.load(tmp_path / "parted")
     monkeypatch.setattr(manifest_, "READABLE", (1, 2, 3, 4, 5, 6, 7))
     with pytest.raises(IndexFormatError, match="format version 8"):
         Manifest.load(tmp_path / "one")
-    Manifest.load(tmp_path / "parted")
 
 
 def test_a_segment_whose_filtered_search_finds_too_few_is_searched_exactly_within_itself(tmp_path, monkeypatch):

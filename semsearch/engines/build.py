@@ -116,8 +116,6 @@ def _register(writer, by_seq, stored, statuses, groups, report, encoder, keep_st
     """Each file's status applied in walk order, as indexing._update does (touch, skip, error,
     replace); the indexed files get their file and chunk ids; gives back one segment task a
     group of shards that holds indexed files (one a partition of them, where `partitions` > 1)."""
-    from semsearch.store.partition import part_of
-
     indexed = [s for s in sorted(statuses) if statuses[s]["status"] == "indexed"]
     next_file, next_chunk = writer.reserve(len(indexed), sum(int(statuses[s]["chunks"]) for s in indexed))
     records: dict[int, dict] = {}
@@ -160,12 +158,12 @@ def _register(writer, by_seq, stored, statuses, groups, report, encoder, keep_st
     storage = (vectors.storage if vectors is not None else None) or base.get("storage")
     tasks = []
     for paths, seqs in groups:
-        by_part: dict[int | None, dict] = {}
-        for seq in sorted(seqs):
-            if seq in records:
-                part = part_of(records[seq]["path"], partitions) if partitions > 1 else None
-                by_part.setdefault(part, {})[seq] = records[seq]
-        for part, mine in sorted(by_part.items(), key=lambda x: x[0] or 0):
+        mine = {seq: records[seq] for seq in sorted(seqs) if seq in records}
+        if not mine:
+            continue
+        # (a file's records may fall in any partition: each partition's task reads the group and
+        # keeps its own; one whose partition holds nothing writes nothing)
+        for part in (range(partitions) if partitions > 1 else [None]):
             tasks.append({"folder": str(writer.folder), "seg_id": writer.segment_id(), "dim": encoder.out_dim,
                           "state_dim": encoder.dim if keep_states else None, "shards": [str(p) for p in paths],
                           "files": mine, "requested": requested, "target": target, "storage": storage,
@@ -173,13 +171,56 @@ def _register(writer, by_seq, stored, statuses, groups, report, encoder, keep_st
     return tasks
 
 
-def build_segment(task: dict) -> dict:
+class _Route:
+    """Which of a group's chunks are one partition's (store/partition.py: a document's partition
+    is its file's, or its record's), and the documents each file it holds counts there."""
+
+    def __init__(self, files: dict[int, dict], part: int, n: int):
+        from semsearch.store.partition import part_of
+
+        self.files, self.part, self.n = files, part, n
+        self.home = {seq: part_of(rec["path"], n) for seq, rec in files.items()}
+        self.rows: dict[int, tuple[set, set]] = {}  # seq: (its records with chunks, those here)
+        self.here: set[int] = set()  # files with a chunk here
+
+    def keep(self, seq: int, rows: list) -> np.ndarray:
+        """Whether each of a file's chunks is this partition's."""
+        from semsearch.store.partition import chunk_parts
+
+        at = np.array([-1 if r.row is None else int(r.row) for r in rows], np.int64)
+        parts = chunk_parts([self.files[seq]["path"]], np.array([self.home[seq]], np.int64), np.zeros(len(rows), np.int64),
+                            at, self.n)
+        mine = parts == self.part
+        self.rows[seq] = (set(at[at >= 0].tolist()), set(at[mine & (at >= 0)].tolist()))
+        if mine.any():
+            self.here.add(seq)
+        return mine
+
+    def settle(self, db) -> None:
+        """The file rows as this partition holds them: a file with no chunk here goes unless
+        this is its home; each counts its records here (its home those with no chunk too)."""
+        gone, counts = [], []
+        for seq, rec in self.files.items():
+            home = self.home[seq] == self.part
+            if seq not in self.here and not home:
+                gone.append((rec["id"],))
+                continue
+            every, here = self.rows.get(seq, (set(), set()))
+            counts.append((len(here) + (int(rec["documents"]) - len(every) if home else 0), rec["id"]))
+        db.executemany("DELETE FROM files WHERE id = ?", gone)
+        db.executemany("UPDATE files SET documents = ? WHERE id = ?", counts)
+
+
+def build_segment(task: dict) -> dict | None:
     """One segment from a group of staged shards, with the ids the driver assigned: run by an
-    engine's worker (a Ray task) or in this process. Checks every file's chunks arrived once."""
+    engine's worker (a Ray task) or in this process. Checks every file's chunks arrived once.
+    None: the task's partition holds nothing of the group (its files are removed again)."""
     from semsearch.store.newsegment import write_segment
 
     files: dict[int, dict] = {int(k): v for k, v in task["files"].items()}
     got: dict[int, int] = {}
+    part = task.get("part")
+    route = _Route(files, int(part), int(task["parts"])) if part is not None else None
 
     def chunks():
         for seq, _status, rows, vecs, states in _group_files([Path(p) for p in task["shards"]], task["dim"],
@@ -188,25 +229,30 @@ def build_segment(task: dict) -> dict:
             if rec is None:
                 continue
             got[seq] = len(rows)
+            mine = route.keep(seq, rows) if route is not None else None
             for j, (r, v) in enumerate(zip(rows, vecs)):
-                yield rec["first_chunk"] + j, rec["id"], r, v, states[j] if states is not None else None
+                if mine is None or mine[j]:
+                    yield rec["first_chunk"] + j, rec["id"], r, v, states[j] if states is not None else None
 
     entry = write_segment(Path(task["folder"]), task["seg_id"], task["dim"], list(files.values()), chunks(),
-                          task["requested"], task["target"], task["state_dim"], storage=task.get("storage"))
+                          task["requested"], task["target"], task["state_dim"], storage=task.get("storage"),
+                          settle=route.settle if route is not None else None,
+                          part=(int(part), int(task["parts"])) if part is not None else None)
     short = [s for s, rec in files.items() if got.get(s) != rec["chunks"]]
     if short:
         raise EngineError(f"file #{short[0]}: {got.get(short[0], 0)} chunk(s) staged, its reader made {files[short[0]]['chunks']}")
-    if task.get("part") is not None:  # one partition's files (the driver chose them by part_of)
-        entry.update(part=task["part"], parts=task["parts"])
+    if entry["live"] == 0 and entry["files"] == 0 and not entry.get("guests"):
+        for name in [*((entry.get("integrity") or {}).get("files") or {}), *(entry.get("states") or [])]:
+            (Path(task["folder"]) / name).unlink(missing_ok=True)
+        return None
     return entry
 
 
 def _write_segments(engine, tasks: list[dict]) -> list[dict]:
     """The engine's workers write the segments (in parallel where it has workers), else this process."""
     write = getattr(engine, "write_segments", None)
-    if write is not None:
-        return list(write(build_segment, tasks))
-    return [build_segment(t) for t in tasks]
+    got = list(write(build_segment, tasks)) if write is not None else [build_segment(t) for t in tasks]
+    return [e for e in got if e is not None]
 
 
 def _group_files(paths: list[Path], dim: int, state_dim: int):

@@ -22,8 +22,8 @@ from semsearch.store import integrity, lexical, vecfile
 from semsearch.store.files import DATA_FILE, DB_ERRORS, damaged, fsync_dir, fsync_file, manifest_stamp
 from semsearch.store.docstore import DocStore, StoredFile, docs_files, open_docs
 from semsearch.store.kept import StatesFile, files_of
-from semsearch.store.manifest import FORMAT_VERSION, IN_PLACE_VERSION, MANIFEST, PARTED_VERSION, Manifest
-from semsearch.store.segments import (Segment, SegmentedDocs, SegmentedVectors, Tombstones, live_counts, live_files, open_parts,
+from semsearch.store.manifest import FORMAT_VERSION, IN_PLACE_VERSION, MANIFEST, PARTED_VERSION, SPREAD_VERSION, Manifest
+from semsearch.store.segments import (Segment, SegmentedDocs, SegmentedVectors, Tombstones, add_files, live_counts, live_files, open_parts,
                                       segment_entry, select_sql)
 from semsearch.store.vecfile import MemoryVectors
 from semsearch.store.vectors import VectorIndex
@@ -125,27 +125,27 @@ class WriteStore:
     def files(self) -> dict[str, StoredFile]:
         out: dict[str, StoredFile] = {}
         for b in self._live_base():
-            out.update(live_files(b.docs, b.dead))
-        out.update(self.new.files())
-        return out
+            add_files(out, live_files(b.docs, b.dead))
+        return add_files(out, self.new.files())
 
     def find_files(self, paths: list[str]) -> dict[str, StoredFile]:
         """{path: stored file} of the given paths that a live file has (an index lookup a segment)."""
         out: dict[str, StoredFile] = {}
         for b in self._live_base():
-            out.update(live_files(b.docs, b.dead, paths))
-        out.update(live_files(self.new, Tombstones(), paths))
-        return out
+            add_files(out, live_files(b.docs, b.dead, paths))
+        return add_files(out, live_files(self.new, Tombstones(), paths))
 
-    def _owner(self, file_id: int) -> _BaseSegment | None:
-        """The published segment holding a live file id (None: the new segment's)."""
+    def _owners(self, file_id: int) -> list[_BaseSegment | None]:
+        """The segments holding a live file id (None: the new segment). A file of records in an
+        index partitioned by document may be held by several, one a partition (store/partition.py)."""
         if self.new.db.execute("SELECT 1 FROM files WHERE id = ?", (file_id,)).fetchone():
-            return None
-        for b in self._live_base():
-            if b.docs.db.execute("SELECT 1 FROM files WHERE id = ?", (file_id,)).fetchone() and \
-                    not (len(b.dead.files) and np.isin(file_id, b.dead.files)):
-                return b
-        raise KeyError(file_id)
+            return [None]
+        out = [b for b in self._live_base()
+               if b.docs.db.execute("SELECT 1 FROM files WHERE id = ?", (file_id,)).fetchone() and
+               not (len(b.dead.files) and np.isin(file_id, b.dead.files))]
+        if not out:
+            raise KeyError(file_id)
+        return out
 
     def add_file(self, *a, **kw) -> int:
         return self.new.add_file(*a, **kw)
@@ -154,27 +154,32 @@ class WriteStore:
         self.new.set_documents(file_id, documents)
 
     def touch_file(self, file_id: int, size: int, mtime_ns: int, ctime_ns: int = 0, inode: int = 0) -> None:
-        b = self._owner(file_id)
-        if b is None:
-            self.new.touch_file(file_id, size, mtime_ns, ctime_ns, inode)
-            return
-        b.dead.stats[int(file_id)] = (int(size), int(mtime_ns), int(ctime_ns), int(inode))
-        b.changed = True
+        for b in self._owners(file_id):
+            if b is None:
+                self.new.touch_file(file_id, size, mtime_ns, ctime_ns, inode)
+                continue
+            b.dead.stats[int(file_id)] = (int(size), int(mtime_ns), int(ctime_ns), int(inode))
+            b.changed = True
 
     def remove_file(self, file_id: int) -> np.ndarray:
-        """Delete a file and its chunks; gives back the removed chunk ids."""
-        b = self._owner(file_id)
-        if b is None:
-            ids = self.new.remove_file(file_id)
-            self.w.new_vecs.remove(ids)
-            return ids
-        ids = np.array([r[0] for r in b.docs.db.execute("SELECT id FROM chunks WHERE file_id = ?", (int(file_id),))], np.int64)
-        docs = b.docs.db.execute("SELECT documents FROM files WHERE id = ?", (int(file_id),)).fetchone()[0]
-        b._dead = b.dead.with_deleted(ids, int(file_id))
-        b.changed = True
-        e = b.entry
-        e["live"], e["files"], e["documents"] = e["live"] - len(ids), e["files"] - 1, e["documents"] - int(docs)
-        return ids
+        """Delete a file and its chunks, from every segment holding it; gives back the removed chunk ids."""
+        from semsearch.store.partition import is_home
+
+        got = []
+        for b in self._owners(file_id):
+            if b is None:
+                ids = self.new.remove_file(file_id)
+                self.w.new_vecs.remove(ids)
+                return ids
+            ids = np.array([r[0] for r in b.docs.db.execute("SELECT id FROM chunks WHERE file_id = ?", (int(file_id),))], np.int64)
+            docs, path = b.docs.db.execute("SELECT documents, path FROM files WHERE id = ?", (int(file_id),)).fetchone()
+            b._dead = b.dead.with_deleted(ids, int(file_id))
+            b.changed = True
+            e = b.entry
+            e["live"], e["documents"] = e["live"] - len(ids), e["documents"] - int(docs)
+            e["files"] -= int(is_home(e, path))  # (counted by its home partition only)
+            got.append(ids)
+        return np.concatenate(got)
 
     def add_chunks(self, rows, vectors) -> np.ndarray:
         """Add chunks to the new segment (their vectors go to its vector file at commit)."""
@@ -396,7 +401,8 @@ class IndexWriter:
         manifest.index = merge_.summary(entries, seg_index)
         manifest.updated = now()
         manifest.created = manifest.created or manifest.updated
-        manifest.format_version = (IN_PLACE_VERSION if any(e.get("docs_more") for e in entries)
+        manifest.format_version = (SPREAD_VERSION if shards > 1 and any(e.get("guests") for e in entries)
+                                   else IN_PLACE_VERSION if any(e.get("docs_more") for e in entries)
                                    else PARTED_VERSION if shards > 1 else FORMAT_VERSION)
         manifest.save(self.folder)
         self._close_base()
@@ -600,7 +606,7 @@ def compact(folder: Path, shards: int | None = None) -> dict:
     try:
         if n != base.shards:  # every segment split anew (or merged whole, for 1)
             for b in writer.base_segments:
-                b.entry = {k: v for k, v in b.entry.items() if k not in ("part", "parts")}
+                b.entry = {k: v for k, v in b.entry.items() if k not in ("part", "parts", "guests")}
         writer.commit(dataclasses.replace(base, index=dict(base.index), shards=n), merge="all")
     except BaseException:
         writer.abort()

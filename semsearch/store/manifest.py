@@ -36,7 +36,11 @@ PARTED_VERSION = 7
 # left in place by the merge at its end; store/docstore.py DocStores), whose chunks a reader of
 # format 7 would not see. Written only where a segment has them.
 IN_PLACE_VERSION = 8
-READABLE = (1, 2, 3, 4, 5, 6, 7, 8)
+# Format 9: a partitioned index where a file of records has its records in several partitions,
+# so its file row is in several segments (store/partition.py). A writer of format 8 would delete
+# or replace such a file in one segment only, leaving its other records searchable.
+SPREAD_VERSION = 9
+READABLE = (1, 2, 3, 4, 5, 6, 7, 8, 9)
 MANIFEST = "manifest.json"
 
 

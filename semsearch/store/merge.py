@@ -127,8 +127,8 @@ def _stale(folder: Path, manifest):
 
 
 def _run_plan(folder: Path, entries: list[dict], dim: int, manifest, next_segment: int, everything: bool, stale,
-              part: int | None = None) -> tuple[list[dict], int]:
-    """The entries after the merges plan() asks for (of one partition's entries: `part`)."""
+              part: tuple[int, int] | None = None) -> tuple[list[dict], int]:
+    """The entries after the merges plan() asks for (of one partition's entries: `part`, of how many)."""
     out: list[dict] = []
     at = 0
     for a, b in plan(entries, everything, stale):
@@ -168,7 +168,7 @@ def apply_parted(folder: Path, entries: list[dict], dim: int, manifest, next_seg
     out: list[dict] = []
     for p in sorted({int(e["part"]) for e in pieces}):
         block = partition.order([e for e in pieces if e["part"] == p])
-        done, next_segment = _run_plan(folder, block, dim, manifest, next_segment, everything, stale, part=p)
+        done, next_segment = _run_plan(folder, block, dim, manifest, next_segment, everything, stale, part=(p, n))
         out += done
     for e in out:
         e["parts"] = n
@@ -191,7 +191,7 @@ def _split(folder: Path, group: list[dict], dim: int, manifest, next_segment: in
     for p in sorted({p for parts, _ in found for p in parts}):
         mine = [(e, partition.without_others(dead, parts, p)) for e, (parts, dead) in zip(group, found) if p in parts]
         t = time.perf_counter()
-        out.append(merge(folder, [e for e, _ in mine], next_segment, dim, manifest, [d for _, d in mine], part=p))
+        out.append(merge(folder, [e for e, _ in mine], next_segment, dim, manifest, [d for _, d in mine], part=(p, n)))
         log.info("partition %d of %d segment(s) into segment %d (%d chunks) in %.2f s", p, len(mine), next_segment,
                  out[-1]["live"], time.perf_counter() - t)
         next_segment += 1
@@ -225,7 +225,14 @@ def copy_live(dst: sqlite3.Connection, src: Path, dead: Tombstones, terms: bool 
         dst.executemany("INSERT INTO dead_files VALUES (?)", ((int(i),) for i in dead.files))
         src_file_cols = {r[1] for r in dst.execute("PRAGMA src.table_info(files)")}
         fcols = ", ".join(c if c in src_file_cols else "0" for c in FILE_COLS.split(", "))
-        dst.execute(f"INSERT INTO files ({FILE_COLS}) SELECT {fcols} FROM src.files WHERE id NOT IN (SELECT id FROM dead_files)")
+        dst.execute("CREATE TEMP TABLE IF NOT EXISTS shares (id INTEGER PRIMARY KEY, documents INTEGER)")
+        dst.execute("DELETE FROM shares")
+        dst.executemany("INSERT INTO shares VALUES (?, ?)", dead.documents.items())
+        fcols = fcols.replace("documents", "COALESCE((SELECT s.documents FROM shares s WHERE s.id = src.files.id), documents)")
+        # A file whose records a re-partition gathers from several segments comes once a segment
+        # (store/partition.py): one row, counting the documents of each.
+        dst.execute(f"INSERT INTO files ({FILE_COLS}) SELECT {fcols} FROM src.files WHERE id NOT IN (SELECT id FROM dead_files)"
+                    " ON CONFLICT(id) DO UPDATE SET documents = documents + excluded.documents")
         src_chunk_cols = {r[1] for r in dst.execute("PRAGMA src.table_info(chunks)")}
         ccols = ", ".join(c if c in src_chunk_cols and (terms or c not in ("lex", "lex_len")) else "NULL"
                           for c in CHUNK_COLS.split(", "))
@@ -238,10 +245,11 @@ def copy_live(dst: sqlite3.Connection, src: Path, dead: Tombstones, terms: bool 
 
 
 def merge(folder: Path, group: list[dict], seg_id: int, dim: int, manifest, deads_given: list[Tombstones] | None = None,
-          part: int | None = None, trained: VectorIndex | None = None, in_place: bool = False) -> dict:
+          part: tuple[int, int] | None = None, trained: VectorIndex | None = None, in_place: bool = False) -> dict:
     """One segment holding the live rows of the group's segments: written, indexed, fsynced;
     gives back its manifest entry. `deads_given`: each segment's tombstones to apply instead of
-    its own (a split: its own plus the other partitions' rows); `part`: the partition it holds;
+    its own (a split: its own plus the other partitions' rows); `part`: the partition it holds,
+    of how many;
     `trained`: a quantizer trained ahead, for build_vectors; `in_place`: the group's docstores
     are kept where they are, not copied, where they can be (keeps_docs)."""
     if in_place and keeps_docs(group, deads_given, part):
@@ -286,7 +294,9 @@ def merge(folder: Path, group: list[dict], seg_id: int, dim: int, manifest, dead
         steps.done("written to disk")
         out = segment_entry(folder, seg_id, store, vi, entry, sorted(states))
         if part is not None:
-            out["part"] = part
+            from semsearch.store import partition
+
+            partition.tag(out, store.db, *part)
         return out
     finally:
         store.close()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
@@ -25,10 +25,13 @@ from semsearch.store.vectors import VectorIndex
 def write_segment(folder: Path, seg_id: int, dim: int, files: list[dict[str, Any]],
                   chunks: Iterable[tuple[int, int, Any, np.ndarray, Any]], requested: str = "auto",
                   target_recall: float = 0.95, state_dim: int | None = None, params: dict | None = None,
-                  storage: str | None = None) -> dict[str, Any]:
+                  storage: str | None = None, settle: Callable[[Any], None] | None = None,
+                  part: tuple[int, int] | None = None) -> dict[str, Any]:
     """Write segment `seg_id` into `folder`: `files` are file records with their ids (id, path,
     hash, size, mtime_ns, ctime_ns, inode, documents, indexed_at); `chunks` yields (chunk id,
-    file id, ChunkRow, vector, token states (T, D) or (token states, token table (T, 3)) or None) in id order. Gives back its manifest entry."""
+    file id, ChunkRow, vector, token states (T, D) or (token states, token table (T, 3)) or None) in id order.
+    `settle(db)`: what to change in the file rows once the chunks are in; `part`: the partition
+    (of how many) the segment holds. Gives back its manifest entry."""
     from semsearch.store.merge import build_vectors, order_by_lists
 
     folder = Path(folder)
@@ -56,6 +59,8 @@ def write_segment(folder: Path, seg_id: int, dim: int, files: list[dict[str, Any
             vecs.append(np.asarray(v, np.float32))
         db.executemany("INSERT INTO chunks (id, file_id, row, ord, start, end, line, text, metadata, state_file,"
                        " state_off, state_len) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", inserts)
+        if settle is not None:
+            settle(db)
         store.terms.extend((cid, *t) for cid, t in zip(ids, lexical.encode_terms_many(texts)))  # to its posting file
         held = np.array(ids, np.int64)
         matrix = np.stack(vecs) if vecs else np.zeros((0, dim), np.float32)
@@ -72,7 +77,12 @@ def write_segment(folder: Path, seg_id: int, dim: int, files: list[dict[str, Any
         vi.save(folder / vectors_file, vectors_elsewhere=True)
         for name in (docs_file, vectors_file):
             fsync_file(folder / name)
-        return segment_entry(folder, seg_id, store, vi, index, [kept.name] if kept.opened else [])
+        entry = segment_entry(folder, seg_id, store, vi, index, [kept.name] if kept.opened else [])
+        if part is not None:
+            from semsearch.store import partition
+
+            partition.tag(entry, store.db, *part)
+        return entry
     finally:
         store.close()
         kept.close()

@@ -62,12 +62,16 @@ def small_runs(parts: list["Part"], flat_only: bool) -> list[list["Part"]]:
 # ---- tombstones ---------------------------------------------------------------------------------
 class Tombstones:
     """What was deleted from one segment: chunk ids and file ids (sorted), and the new stat
-    (size, mtime_ns, ctime_ns, inode) of files whose bytes did not change."""
+    (size, mtime_ns, ctime_ns, inode) of files whose bytes did not change. `documents` (never
+    saved): where a merge splits the segment by partition, the documents each file it keeps
+    counts in that partition (store/partition.py)."""
 
-    def __init__(self, chunks=None, files=None, stats: dict[int, tuple[int, int, int, int]] | None = None):
+    def __init__(self, chunks=None, files=None, stats: dict[int, tuple[int, int, int, int]] | None = None,
+                 documents: dict[int, int] | None = None):
         self.chunks = np.asarray(chunks if chunks is not None else np.zeros(0, np.int64), np.int64)
         self.files = np.asarray(files if files is not None else np.zeros(0, np.int64), np.int64)
         self.stats = dict(stats or {})
+        self.documents = dict(documents or {})
 
     def __bool__(self) -> bool:
         return bool(len(self.chunks) or len(self.files) or self.stats)
@@ -134,6 +138,17 @@ def live_files(store: DocStore, dead: Tombstones, paths: list[str] | None = None
         if f.id in dead.stats:
             f.size, f.mtime_ns, f.ctime_ns, f.inode = dead.stats[f.id]
         out[f.path] = f
+    return out
+
+
+def add_files(out: dict[str, StoredFile], got: dict[str, StoredFile]) -> dict[str, StoredFile]:
+    """`out` with a segment's live files added: a file held by several segments (its records in
+    several partitions, store/partition.py) once, counting the documents of each."""
+    for path, f in got.items():
+        if path in out:
+            out[path].documents += f.documents
+        else:
+            out[path] = f
     return out
 
 
@@ -498,7 +513,7 @@ class SegmentedDocs:
     def files(self) -> dict[str, StoredFile]:
         out: dict[str, StoredFile] = {}
         for p in self.parts:
-            out.update(live_files(p.segment.docs, p.dead))
+            add_files(out, live_files(p.segment.docs, p.dead))
         return out
 
     def files_matching(self, globs: list[str]) -> np.ndarray:

@@ -401,6 +401,8 @@ class VectorFile:
     def _read_all(self) -> np.ndarray:
         """Every row of the file (in file order), read with one pread into a private buffer."""
         buf = np.empty(self._rows.shape, self._rows.dtype)
+        if not buf.size:  # (a segment with files but no chunk: a partition's home rows only)
+            return buf
         view = memoryview(buf).cast("B")
         first = _vectors_at(len(self.ids), self.ordered)
         at = 0
