@@ -68,3 +68,18 @@ def test_ray_engine_equals_local_survives_a_killed_actor_and_updates_either_way(
     for other in (b, c):
         assert_same_index(a, other, atol=1e-5)
         assert not list(other.glob(".staging-*"))
+
+
+def test_ray_engine_writes_each_partition_in_a_task_of_its_own(cluster, sample_copy, tmp_path, real_encoder):
+    """`index --shards 3 --engine ray`: Ray tasks write one segment a partition, each keeping its
+    partition's documents of every staged file (the JSONL and CSV files' records fall in all
+    three); the index holds what the local engine's unpartitioned build holds, chunk for chunk."""
+    from test_engines import parts_hold_their_documents
+
+    a, b = tmp_path / "local", tmp_path / "ray-parted"
+    index_corpus(sample_copy, a, real_encoder)
+    rep = index_corpus(sample_copy, b, real_encoder, engine=RayEngine(workers=2), shards=3)
+    assert rep.engine["engine"] == "ray" and rep.engine["segments_written"] == 3
+    m, by_part = parts_hold_their_documents(b, 3)
+    assert sorted(by_part) == [0, 1, 2] and any(e.get("guests") for e in m.segments)
+    assert_same_index(a, b, atol=1e-5)
