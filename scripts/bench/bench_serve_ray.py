@@ -107,6 +107,59 @@ def differences(a, b, path: str = "") -> list[str]:
     return [] if a == b else [f"{path}: {a!r} against {b!r}"]
 
 
+def _pcts(values: list[float]) -> dict:
+    return {"p50": round(float(np.percentile(values, 50)), 2), "p99": round(float(np.percentile(values, 99)), 2), "n": len(values)}
+
+
+def breakdown(folder: Path, n_shards: int, encoder_factory, queries: list[str]) -> dict:
+    """Where a sharded hybrid search's time goes, beside the HTTP figures: the same queries (their
+    terms known to the router: two rounds) through the router code with the shards in this
+    process, each round's time being its slowest shard's (the shards' own search, as if they ran
+    side by side); the router's own work (encoding, merging, fusing: the rest of the in-process
+    time); and a round of Ray Serve calls to every shard that does no search (`generation`),
+    what each round costs in transport."""
+    from ray import serve
+
+    from semsearch.search import Retriever
+    from semsearch.serve_ray import ray_fanout
+    from semsearch.shards import Shard, ShardedSearch
+
+    shards = [Shard(folder, i, n_shards) for i in range(n_shards)]
+    rounds: list[tuple[str, float, float]] = []  # (method, slowest shard, all shards) of the search under way
+
+    def timed(method, *args):
+        got, slowest, total = [], 0.0, 0.0
+        for sh in shards:
+            t = time.perf_counter()
+            got.append(getattr(sh, method)(*args))
+            took = time.perf_counter() - t
+            slowest, total = max(slowest, took), total + took
+        rounds.append((method, slowest, total))
+        return got
+
+    enc = encoder_factory() if encoder_factory else None
+    router = ShardedSearch(folder, timed, enc if enc is not None else Retriever.load(folder).encoder)
+    for q in queries:  # the router meets the queries' terms (a `prepare` round each)
+        router.search(q, 10, mode="hybrid")
+    own, mine, n_rounds = [], [], []
+    for q in queries:
+        rounds.clear()
+        t = time.perf_counter()
+        router.search(q, 10, mode="hybrid")
+        whole = time.perf_counter() - t
+        own.append(1000 * sum(r[1] for r in rounds))
+        mine.append(1000 * (whole - sum(r[2] for r in rounds)))
+        n_rounds.append(len(rounds))
+    fan = ray_fanout([serve.get_deployment_handle(f"shard-{i}", app_name="semsearch") for i in range(n_shards)])
+    noop = []
+    for _ in range(len(queries)):
+        t = time.perf_counter()
+        fan("generation")
+        noop.append(1000 * (time.perf_counter() - t))
+    return {"shards_own_search_ms": _pcts(own), "router_own_work_ms": _pcts(mine),
+            "rounds_a_search": sorted(set(n_rounds)), "ray_round_without_search_ms": _pcts(noop)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--chunks", type=int, default=50_000)
@@ -221,6 +274,7 @@ def main() -> None:
                 out[f"hybrid_ms_{name}{suffix}"] = {"p50": round(float(np.percentile(ms, 50)), 2),
                                                     "p99": round(float(np.percentile(ms, 99)), 2), "n": len(ms)}
             out[f"p50_ratio{suffix}"] = round(out[f"hybrid_ms_sharded{suffix}"]["p50"] / out[f"hybrid_ms_one_process{suffix}"]["p50"], 2)
+        out["breakdown"] = breakdown(folder, a.shards, encoder_factory, lq)
     out["loadavg_end"] = os.getloadavg()
     serve.shutdown()
     ray.shutdown()
