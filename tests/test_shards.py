@@ -456,6 +456,28 @@ def test_a_partitioned_index_answers_as_the_index_it_was_and_each_shard_holds_on
                     assert_same(key(x), key(y), (shards, mode, where, q))
 
 
+def test_a_shard_of_one_partition_holds_only_its_own_chunks_and_explains_as_one_process(partitioned, real_encoder):
+    """A shard that owns one partition of an index partitioned into 3 claims only its own chunks
+    (the partitions' id ranges interleave: a chunk of another partition inside its range is not
+    its; it claimed them, and explained other shards' hits without their length), and the three
+    shards' explanations equal one process's in every key (3 modes, with and without a filter)."""
+    _, parted = partitioned
+    one = Retriever.load(parted, device="cpu", encoder=real_encoder)
+    shards = [Shard(parted, i, 3) for i in range(3)]
+    every = np.array(sorted(_chunk_ids(parted)), np.int64)
+    held = [s._at(s.generation()).g.docs.held(every.tolist()) for s in shards]
+    assert sum(len(h) for h in held) == len(every) and np.array_equal(np.sort(np.concatenate(held)), every)
+    router = ShardedSearch(parted, local_fanout(shards), real_encoder)
+    for mode in ("dense", "lexical", "hybrid"):
+        for where in (None, {"lang": "en"}):
+            want = one.search_batch(QUERIES[:4], 4, mode=mode, where=where, explain=True)
+            got = router.search_batch(QUERIES[:4], 4, mode=mode, where=where, explain=True)
+            for a, b in zip(want, got):
+                assert [h.id for h in a] == [h.id for h in b]
+                for ha, hb in zip(a, b):
+                    assert not close(ha.explanation, hb.explanation), (mode, where, close(ha.explanation, hb.explanation)[:5])
+
+
 def test_compact_partitions_a_partitioned_index_anew_and_it_answers_as_before(partitioned, real_encoder, tmp_path, monkeypatch):
     """`compact --shards N` on an index partitioned into 3 (its partitions' chunk ids interleave):
     into 2, 4, then 1 (partitioned no more), each in one generation; every time each partition is

@@ -653,10 +653,12 @@ def _by_partition(parts: list[Part]) -> list[list[int]]:
 def _part_of(parts: list[Part], ids: np.ndarray) -> np.ndarray:
     """For each id, the index in parts of the part whose id range holds it (-1: none). Within
     one partition by document (or an index without) segments hold increasing, disjoint id
-    ranges; the partitions' ranges interleave, so where there are several, a segment whose range
-    holds an id is taken only if the id is among its own (sorted) ids."""
+    ranges; the partitions' ranges interleave, so in a partitioned index (even where these parts
+    are one partition's: a shard's) a segment whose range holds an id is taken only if the id is
+    among its own (sorted) ids."""
     groups = _by_partition(parts)
     out = np.full(len(ids), -1, np.int64)
+    interleaved = len(groups) > 1 or any(p.entry.get("part") is not None and int(p.entry.get("parts") or 1) > 1 for p in parts)
     for group in groups:
         held = [j for j in group if parts[j].lo >= 0]
         if not held:
@@ -666,7 +668,7 @@ def _part_of(parts: list[Part], ids: np.ndarray) -> np.ndarray:
         at = np.searchsorted(los, ids, "right") - 1
         ok = (at >= 0) & (ids <= his[at.clip(0)]) & (out < 0)
         cand = np.array(held, np.int64)[at.clip(0)]
-        if len(groups) > 1:
+        if interleaved:
             for j in np.unique(cand[ok]).tolist():
                 sel = np.flatnonzero(ok & (cand == j))
                 own = parts[j].segment.ids
