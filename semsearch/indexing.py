@@ -405,8 +405,8 @@ class _Run:
         self.writer = IndexWriter(self.folder, self.encoder.out_dim, published)
         if self.ahead is None:
             self.ahead = train_ahead(self.folder, published, self.rolls, done)
-        else:  # its vectors go into the index trained beside the run, there
-            self.ahead.add(published.segments[-1])
+        elif self.shards <= 1:  # its vectors go into the index trained beside the run, there
+            self.ahead.add(published.segments[-1])  # (partitioned: each partition fills a copy at the end)
         return self.writer
 
     def start(self) -> str | None:
@@ -555,11 +555,13 @@ def train_ahead(folder: Path, published: Manifest, rolls: int, done: float) -> _
 
     mine = published.segments[-rolls:] if rolls else []
     have = sum(e["live"] for e in mine)
-    if not mine or done <= 0 or int(getattr(published, "shards", 1) or 1) > 1:
+    if not mine or done <= 0:
         return None
+    shards = int(getattr(published, "shards", 1) or 1)
     n = int(have / min(done, 1.0))
-    kind = merge_.segment_type(merge_._requested(published), n, published.dim)
-    if kind not in IVF_TYPES or have < max(AHEAD_SAMPLE, 39 * default_nlist(n)) or n <= have:
+    size = n // shards  # a partitioned run's partitions (store/partition.py) each fill a copy of it
+    kind = merge_.segment_type(merge_._requested(published), size, published.dim)
+    if kind not in IVF_TYPES or have < max(AHEAD_SAMPLE, 39 * default_nlist(size)) or n <= have:
         return None  # flat at the end, a sample not there yet, or nothing left to read
     params = {k: v for k, v in ((published.index or {}).get("params") or {}).items() if k == "k_factor"}
     files = [VectorFile(folder / e["vecs"]) for e in mine]
@@ -567,12 +569,12 @@ def train_ahead(folder: Path, published: Manifest, rolls: int, done: float) -> _
     def work():
         with one_omp_thread():
             t = time.perf_counter()
-            vi = VectorIndex.trained(published.dim, kind, n, Sampled(files), params, train_sample=AHEAD_SAMPLE)
-            log.info("trained the %s quantizer for ~%d chunks beside the build (%.1f s)", kind, n, time.perf_counter() - t)
+            vi = VectorIndex.trained(published.dim, kind, size, Sampled(files), params, train_sample=AHEAD_SAMPLE)
+            log.info("trained the %s quantizer for ~%d chunks beside the build (%.1f s)", kind, size, time.perf_counter() - t)
             return vi
 
-    log.info("training the vector index's quantizer for ~%d chunks beside the build", n)
-    return _Ahead(work, folder, mine)
+    log.info("training the vector index's quantizer for ~%d chunks beside the build", size)
+    return _Ahead(work, folder, mine if shards <= 1 else [])
 
 
 def _nothing_to_do(folder: Path, base: Manifest, files, root: Path, encoder, vectors: VectorSettings | None,

@@ -713,7 +713,9 @@ def test_a_long_run_trains_its_quantizer_and_adds_its_published_segments_beside_
     segments hold the quantizer's sample, the quantizer is trained once, in a thread beside the run,
     which then adds each published segment's vectors (here the stream waits for it at each
     segment; in a build it stops where the stream ends); the final merge adds only the rest. The index holds every chunk once with its id and
-    vector, as a run that published nothing does, and its recall is tuned to the target."""
+    vector, as a run that published nothing does, and its recall is tuned to the target. A
+    partitioned run (`--shards 3`) trains one quantizer beside it too, for a partition's size, and
+    each partition's merge fills a copy of it (nothing added beside: its segments are not split yet)."""
     import threading
 
     import semsearch.indexing as indexing
@@ -767,3 +769,13 @@ def test_a_long_run_trains_its_quantizer_and_adds_its_published_segments_beside_
     assert m.segments[0]["index"]["recall"]["recall"] >= 0.95
     r = Retriever.load(tmp_path / "idx", encoder=fake_encoder)
     assert r.search(open(src / "f07.txt").read()[:200], 1, mode="dense")[0].path.endswith("f07.txt")
+
+    added.clear()
+    trainings.clear()
+    index_corpus(src, tmp_path / "parted", fake_encoder, progress=False, segment_chunks=100, vectors=vs, shards=3)
+    assert_same_index(tmp_path / "once", tmp_path / "parted")
+    m = Manifest.load(tmp_path / "parted")
+    assert sorted(e["part"] for e in m.segments) == [0, 1, 2]
+    assert all(e["index"]["type"] == "ivf-fastscan" and e["index"]["recall"]["recall"] >= 0.95 for e in m.segments)
+    assert trainings == ["semsearch-quantizer"]  # once, beside the run: no partition trained its own
+    assert {t for t, _ in added} == {"MainThread"} and sum(n for _, n in added) == total

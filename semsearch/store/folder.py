@@ -388,7 +388,8 @@ class IndexWriter:
         shards = int(getattr(manifest, "shards", 1) or 1)
         if merge != "none" and shards > 1:  # partitioned by document (store/partition.py)
             entries, next_segment = merge_.apply_parted(self.folder, entries, self.dim, manifest, next_segment, shards,
-                                                        everything=merge == "all", tail=self._run_tail(entries) if merge == "run" else 0)
+                                                        everything=merge == "all", tail=self._run_tail(entries) if merge == "run" else 0,
+                                                        trained=trained if merge == "run" else None)
         elif merge != "none":
             entries, next_segment = merge_.apply(self.folder, entries, self.dim, manifest, next_segment,
                                                  everything=merge == "all", tail=self._run_tail(entries) if merge == "run" else 0,

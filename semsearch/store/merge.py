@@ -143,7 +143,7 @@ def _run_plan(folder: Path, entries: list[dict], dim: int, manifest, next_segmen
 
 
 def apply_parted(folder: Path, entries: list[dict], dim: int, manifest, next_segment: int, n: int,
-                 everything: bool = False, tail: int = 0) -> tuple[list[dict], int]:
+                 everything: bool = False, tail: int = 0, trained: VectorIndex | None = None) -> tuple[list[dict], int]:
     """apply() for an index partitioned by document into n (store/partition.py): every segment
     that holds documents of several partitions split into one segment a partition; the segments a
     long run published as it went (the last `tail`) merged into one segment a partition, split
@@ -162,7 +162,7 @@ def apply_parted(folder: Path, entries: list[dict], dim: int, manifest, next_seg
         else:
             got, next_segment = _split(folder, [e], dim, manifest, next_segment, n)
             pieces += got
-    got, next_segment = _split(folder, entries[cut:], dim, manifest, next_segment, n)
+    got, next_segment = _split(folder, entries[cut:], dim, manifest, next_segment, n, trained if cut < len(entries) else None)
     pieces += got
     stale = _stale(folder, manifest)
     out: list[dict] = []
@@ -175,10 +175,13 @@ def apply_parted(folder: Path, entries: list[dict], dim: int, manifest, next_seg
     return [e for e in out if e["live"] > 0 or e["files"] > 0], next_segment
 
 
-def _split(folder: Path, group: list[dict], dim: int, manifest, next_segment: int, n: int) -> tuple[list[dict], int]:
+def _split(folder: Path, group: list[dict], dim: int, manifest, next_segment: int, n: int,
+           trained: VectorIndex | None = None) -> tuple[list[dict], int]:
     """The documents of the group's segments as one segment a partition: each partition's rows of
     every segment of the group in one merge (tombstones naming the other partitions' rows). A lone
-    segment that holds one partition's documents is only tagged (unless it outgrew flat)."""
+    segment that holds one partition's documents is only tagged (unless it outgrew flat).
+    `trained`: an empty index trained beside a long run, for a partition's size: each partition
+    fills a copy of it where it fits (build_vectors), instead of training its own."""
     from semsearch.store import partition
 
     if not group:
@@ -191,7 +194,8 @@ def _split(folder: Path, group: list[dict], dim: int, manifest, next_segment: in
     for p in sorted({p for parts, _ in found for p in parts}):
         mine = [(e, partition.without_others(dead, parts, p)) for e, (parts, dead) in zip(group, found) if p in parts]
         t = time.perf_counter()
-        out.append(merge(folder, [e for e, _ in mine], next_segment, dim, manifest, [d for _, d in mine], part=(p, n)))
+        out.append(merge(folder, [e for e, _ in mine], next_segment, dim, manifest, [d for _, d in mine], part=(p, n),
+                         trained=trained.empty_copy() if trained is not None else None))
         log.info("partition %d of %d segment(s) into segment %d (%d chunks) in %.2f s", p, len(mine), next_segment,
                  out[-1]["live"], time.perf_counter() - t)
         next_segment += 1

@@ -369,6 +369,18 @@ class VectorIndex:
             vi.built_on = "cpu, k-means on cuda"  # fill() says "cuda" where the vectors go there too
         return vi
 
+    def empty_copy(self) -> "VectorIndex":
+        """A copy of this trained, empty index (its quantizer and codebooks), to fill with other
+        vectors: each partition of a partitioned build fills one (indexing.train_ahead)."""
+        import faiss
+
+        if self.ntotal:
+            raise ValueError("only an empty index is copied")
+        vi = type(self)(faiss.clone_index(self.index), self.kind, dict(self.params), self.device)
+        if vi.external_refine:
+            vi.refine = MemoryVectors(self.index.d)
+        return vi
+
     def fill(self, batches, after: int | None = None) -> "VectorIndex":
         """Add every vector of `batches` (an iterator of (ids, vectors), or a vector store, read in
         batches) to this trained index; an ivf-fastscan index re-ranks against the store itself.
