@@ -125,7 +125,7 @@ def main(verbose: bool) -> None:
 @click.option("--ray-address", default=None, envvar="RAY_ADDRESS", help="Ray cluster to use with --engine ray. Default: a new local cluster.")
 @click.option("--workers", type=click.IntRange(min=1), default=None, help="Encoder replicas with --engine ray. Default: one a GPU, else CPUs - 1.")
 @click.option("--shards", type=click.IntRange(min=1), default=None,
-              help="Partition a new index by document into N (each document's chunks in one partition, by a stable hash of its path or id), so that `serve --shards N` gives each shard 1/N of it. Default: the index's, else 1; `compact --shards N` re-partitions.")
+              help="Partition a new index by document into N (each document's chunks in one partition, by a stable hash of its path or id; each record of a JSONL, CSV or Parquet file is a document of its own), so that `serve --shards N` gives each shard 1/N of it. Default: the index's, else 1; `compact --shards N` re-partitions.")
 @click.option("--progress/--no-progress", default=None, help="Progress bar. Default: shown on a terminal.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @handle_errors
@@ -647,7 +647,7 @@ def _watcher(watch_dir: Path | None, index, device: str, poll: bool):
               help="local: one process holds the index. ray: a Ray Serve application, the index split into --shards "
                    "shards of --replicas replicas each, behind a router with the same HTTP API (every node must see "
                    "the index folder at the same path).")
-@click.option("--shards", type=click.IntRange(min=1), default=1, show_default=True, help="With --engine ray: shards (each holds some segments).")
+@click.option("--shards", type=click.IntRange(min=1), default=1, show_default=True, help="With --engine ray: shards (each holds one partition of an index built with `index --shards N`, else some of its segments).")
 @click.option("--replicas", type=click.IntRange(min=1), default=1, show_default=True, help="With --engine ray: replicas of each shard.")
 @click.option("--ray-address", default=None, envvar="RAY_ADDRESS", help="With --engine ray: the cluster to join. Default: a new local one.")
 @handle_errors
