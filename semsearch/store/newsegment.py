@@ -45,20 +45,7 @@ def write_segment(folder: Path, seg_id: int, dim: int, files: list[dict[str, Any
                        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                        [(f["id"], f["path"], f["hash"], f["size"], f["mtime_ns"], f["ctime_ns"], f["inode"], f["documents"],
                          f["indexed_at"]) for f in files])
-        ids: list[int] = []
-        vecs: list[np.ndarray] = []
-        inserts, texts = [], []
-        for cid, file_id, r, v, st in chunks:
-            ref = (None, None, None)
-            if st is not None:  # token states, or (token states, token table)
-                ref = kept.append(*st) if isinstance(st, tuple) else kept.append(st)
-            inserts.append((int(cid), int(file_id), r.row, r.ord, r.start, r.end, r.line, r.text,
-                            json.dumps(r.metadata, ensure_ascii=False) if r.metadata else None, *ref))
-            texts.append(r.lexical_text)
-            ids.append(int(cid))
-            vecs.append(np.asarray(v, np.float32))
-        db.executemany("INSERT INTO chunks (id, file_id, row, ord, start, end, line, text, metadata, state_file,"
-                       " state_off, state_len) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", inserts)
+        ids, vecs, texts = _insert_chunks(db, chunks, kept)
         if settle is not None:
             settle(db)
         store.terms.extend((cid, *t) for cid, t in zip(ids, lexical.encode_terms_many(texts)))  # to its posting file
@@ -86,3 +73,23 @@ def write_segment(folder: Path, seg_id: int, dim: int, files: list[dict[str, Any
     finally:
         store.close()
         kept.close()
+
+
+def _insert_chunks(db, chunks, kept: StatesFile) -> tuple[list[int], list[np.ndarray], list[str]]:
+    """The chunks' rows into the docstore (their token states to the states file): gives back
+    their ids, vectors and the texts BM25 indexes."""
+    ids: list[int] = []
+    vecs: list[np.ndarray] = []
+    inserts, texts = [], []
+    for cid, file_id, r, v, st in chunks:
+        ref = (None, None, None)
+        if st is not None:  # token states, or (token states, token table)
+            ref = kept.append(*st) if isinstance(st, tuple) else kept.append(st)
+        inserts.append((int(cid), int(file_id), r.row, r.ord, r.start, r.end, r.line, r.text,
+                        json.dumps(r.metadata, ensure_ascii=False) if r.metadata else None, *ref))
+        texts.append(r.lexical_text)
+        ids.append(int(cid))
+        vecs.append(np.asarray(v, np.float32))
+    db.executemany("INSERT INTO chunks (id, file_id, row, ord, start, end, line, text, metadata, state_file,"
+                   " state_off, state_len) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", inserts)
+    return ids, vecs, texts
