@@ -140,3 +140,36 @@ def test_a_forced_index_type_survives_later_writes(tmp_path, fake_encoder):
         upsert_documents(folder, [Document(f"d{i}", f"note number {i} about soup")], fake_encoder)
         m = Manifest.load(folder)
         assert m.index["type"] == "hnsw" and m.index["forced"], (i, m.index)
+
+
+def test_a_filtered_ivf_search_probes_more_lists_as_its_filter_passes_fewer(tmp_path, vectors, monkeypatch):
+    """An IVF segment searching one list: a filter passing 10% of it probes ten, so the probed
+    lists hold about as many allowed chunks as an unfiltered search's list holds chunks. Probing
+    the one list finds fewer than k for most queries (the segment then fell back to exact search
+    over every allowed chunk); the share is counted on the segment (the same in every shard)."""
+    from semsearch.store import vectors as vectors_
+
+    folder = build(tmp_path / "ivf", vectors, "ivf")
+    r = Retriever.load(folder, encoder=VecEncoder(vectors))
+    seg = r._gen.vectors.parts[0].segment.vectors
+    assert seg.kind == "ivf" and seg.params["nlist"] >= 40
+    seg.params["nprobe"] = 1
+    seg.apply_params()
+    allowed = filters.parse(["n<1000"]).select(r.docs)
+    assert len(allowed) == 1000
+    q = vectors[5000:5050]
+    k = 20
+    _, one_list = seg.search_filtered(q, k, allowed)
+    _, scaled = seg.search_filtered(q, k, allowed, share=0.1)
+    assert (one_list >= 0).sum(1).mean() < k / 2 and ((scaled >= 0).sum(1) == k).mean() > 0.9
+    shares = []
+    real = vectors_.VectorIndex.search_filtered
+
+    def spy(self, queries, k, allowed, share=1.0):
+        shares.append(share)
+        return real(self, queries, k, allowed, share)
+
+    monkeypatch.setattr(vectors_.VectorIndex, "search_filtered", spy)
+    hits = r.search("v:5000", k, mode="dense", where="n<4500")  # (past EXACT_BELOW: the approximate path)
+    assert shares == [pytest.approx(0.45)] and len(hits) == k and all(h.metadata["n"] < 4500 for h in hits)
+    r.close()

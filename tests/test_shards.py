@@ -722,8 +722,8 @@ def test_a_segment_whose_filtered_search_finds_too_few_is_searched_exactly_withi
     assert {e["index"]["type"] for e in r.manifest.segments} == {"ivf"}
     real = VectorIndex.search_filtered
 
-    def finds_two(self, q, k, allowed):
-        s, i = real(self, q, k, allowed)
+    def finds_two(self, q, k, allowed, share=1.0):
+        s, i = real(self, q, k, allowed, share)
         return s[:, :2], i[:, :2]
 
     monkeypatch.setattr(VectorIndex, "search_filtered", finds_two)

@@ -617,7 +617,8 @@ class SegmentedVectors:
             if isinstance(r, _Small):
                 got.append(r.search(q, k, allowed))
             else:
-                got.append(_exact_where_short(r, q, k, allowed, *r.segment.vectors.search_filtered(q, k, allowed)))
+                found = r.segment.vectors.search_filtered(q, k, allowed, _share(r, allowed))
+                got.append(_exact_where_short(r, q, k, allowed, *found))
         return _merge(got, len(q), k)
 
     def reconstruct(self, ids: np.ndarray) -> np.ndarray | None:
@@ -725,6 +726,22 @@ class _Small:
         with one_omp_thread():
             s, rows = self.flat.search(q, k_, params=params)
         return s, np.where(rows >= 0, self.ids[rows.clip(0)], -1)
+
+
+def _share(part: "Part", allowed) -> float:
+    """The share of an approximate segment's rows a filter's Selection lets through, the same in
+    one process and in every shard: counted over the segment's id range, or, in a partitioned
+    index (whose partitions' ranges interleave), on its own ids; 1.0 where not known."""
+    from semsearch.store.vectors import IVF_TYPES
+
+    rows = int(part.entry.get("rows") or 0)
+    if part.segment.vectors.kind not in IVF_TYPES or not hasattr(allowed, "mask") or part.lo < 0 or not rows:
+        return 1.0
+    if part.entry.get("part") is not None and int(part.entry.get("parts") or 1) > 1:
+        got = np.count_nonzero(allowed.rows(part.segment.ids))
+    else:
+        got = np.count_nonzero(allowed.mask[part.lo : part.hi + 1])
+    return max(float(got), 1.0) / rows
 
 
 def _exact_where_short(part: "Part", q: np.ndarray, k: int, allowed, scores: np.ndarray, ids: np.ndarray

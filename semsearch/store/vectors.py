@@ -206,8 +206,9 @@ class MatrixIndex:
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         return self._top(queries, k, None)
 
-    def search_filtered(self, queries: np.ndarray, k: int, allowed) -> tuple[np.ndarray, np.ndarray]:
-        """search() over the allowed ids: sorted ids, or an object with a boolean `mask` over ids."""
+    def search_filtered(self, queries: np.ndarray, k: int, allowed, share: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+        """search() over the allowed ids: sorted ids, or an object with a boolean `mask` over ids
+        (exact: `share` is VectorIndex.search_filtered's, and changes nothing here)."""
         if hasattr(allowed, "mask"):
             inside = self.ids < len(allowed.mask)
             ok = np.zeros(len(self.ids), bool)
@@ -547,12 +548,16 @@ class VectorIndex:
         except RuntimeError:  # an id faiss does not hold: let the caller read the docstore
             return None
 
-    def search_filtered(self, queries: np.ndarray, k: int, allowed) -> tuple[np.ndarray, np.ndarray]:
+    def search_filtered(self, queries: np.ndarray, k: int, allowed, share: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
         """search() over only the allowed ids, through a faiss ID selector on the CPU index
         (GPU indexes take selectors only in part). `allowed`: sorted ids, or an object with a
         `bitmap` (bit i of byte i // 8: id i) and a length, as semsearch.filters.Selection is: a
         bitmap costs one bit test per candidate, where a batch of ids is first hashed into a set.
-        Approximate types may find fewer than k."""
+        `share`: the share of this index's vectors `allowed` lets through; an IVF index probes
+        nprobe / share of its lists (at most all), so that the probed lists hold about as many
+        allowed vectors as an unfiltered search's do (at 1M chunks in 3 partitions, tuned to one
+        list, a filter passing 10% otherwise found too few and fell back to exact search:
+        docs/scale-out.md). Approximate types may find fewer than k."""
         import faiss
 
         q = np.ascontiguousarray(queries, np.float32)
@@ -562,15 +567,17 @@ class VectorIndex:
         else:
             sel = faiss.IDSelectorBatch(np.ascontiguousarray(allowed, np.int64))
         index = self.index
+        nprobe = int(self.params.get("nprobe", 1))
+        if self.kind in IVF_TYPES and 0 < share < 1:
+            nprobe = min(int(self.params.get("nlist", nprobe)), int(math.ceil(nprobe / share)))
         if self.kind == "flat":
             params = faiss.SearchParameters(sel=sel)  # the IDMap wrapper translates it to its rows
         elif self.kind in ("ivf", "ivf-sq8") or self.external_refine:
-            params = faiss.SearchParametersIVF(sel=sel, nprobe=int(self.params.get("nprobe", 1)))
+            params = faiss.SearchParametersIVF(sel=sel, nprobe=nprobe)
         elif self.kind == "ivf-fastscan":
             # IDMap2(RefineFlat(IVF fast scan)): the wrapper translates only the top-level selector,
             # so the IVF's own selector is given one that maps its rows to ids itself.
-            inner = faiss.SearchParametersIVF(sel=faiss.IDSelectorTranslated(index.id_map, sel),
-                                              nprobe=int(self.params.get("nprobe", 1)))
+            inner = faiss.SearchParametersIVF(sel=faiss.IDSelectorTranslated(index.id_map, sel), nprobe=nprobe)
             params = faiss.IndexRefineSearchParameters(k_factor=float(self.params.get("k_factor", 1)), base_index_params=inner)
         elif self.kind == "hnsw":
             params = faiss.SearchParametersHNSW(sel=sel, efSearch=int(self.params.get("efSearch", 16)))
