@@ -251,10 +251,12 @@ def test_the_fast_analysis_is_the_regular_expression_s(text):
                                           " ", "\n", ",", "—", "é"]), max_size=40).map(" ".join),
                 max_size=30))
 def test_terms_encoded_as_a_batch_are_the_terms_encoded_one_by_one(texts):
-    """encode_terms_many (a build's batches) gives each text the bytes and count encode_terms
-    gives it alone: stop words dropped, the words of one stem merged, hashes sorted, ASCII and
-    not, empty texts included."""
-    assert lexical.encode_terms_many(texts) == [lexical.encode_terms(t) for t in texts]
+    """A batch through Arrow (encode_terms_many of a build's batches) gives each text the bytes
+    and count encode_terms gives it alone: stop words dropped, the words of one stem merged,
+    hashes sorted, ASCII and not, empty texts included."""
+    from semsearch.store.lexical.analysis import _encode_batch
+
+    assert _encode_batch(texts) == [lexical.encode_terms(t) for t in texts]
 
 
 def test_a_docstore_batch_takes_the_ids_autoincrement_would_and_never_reuses_one(tmp_path):
@@ -288,16 +290,18 @@ def test_batch_analysis_is_exact_when_word_keys_collide(monkeypatch):
     texts = ["Loans and loan approval in one business day", "running runs ran", "x" * 40 + " short words", "",
              "the of and", "naïve café loans"]
     want = [lexical.encode_terms(t) for t in texts]
-    assert lexical.encode_terms_many(texts) == want  # the table now holds these words under their real keys
+    batch = analysis._encode_batch  # (what encode_terms_many runs for a build's batches)
+    assert batch(texts) == want  # the table now holds these words under their real keys
     monkeypatch.setattr(analysis, "_MIX", (np.uint64(0), np.uint64(0)))
-    assert lexical.encode_terms_many(texts) == want
-    assert lexical.encode_terms_many(texts[1:2]) == want[1:2]  # a batch whose words are all new to key 0
+    assert batch(texts) == want
+    assert batch(texts[1:2]) == want[1:2]  # a batch whose words are all new to key 0
     monkeypatch.setattr(analysis, "_TABLE", analysis._WordTable())
-    assert lexical.encode_terms_many(["loans loans loan"]) == [lexical.encode_terms("loans loans loan")]  # one word, one key
-    assert lexical.encode_terms_many(["approval", "day"]) == [lexical.encode_terms("approval"), lexical.encode_terms("day")]
+    assert batch(["loans loans loan"]) == [lexical.encode_terms("loans loans loan")]  # one word, one key
+    assert batch(["approval", "day"]) == [lexical.encode_terms("approval"), lexical.encode_terms("day")]
+    assert lexical.encode_terms_many(texts * 20) == want * 20  # (past SMALL_BATCH: the batch path)
 
 
-@pytest.mark.parametrize("n", [0, 1, 7, 5000])
+@pytest.mark.parametrize("n", [0, 1, 7, 5000, 200_000])  # (past SMALL_SORT: pandas ranks the terms)
 def test_postings_put_term_by_term_as_a_stable_sort_would(n):
     """from_rows' ordering (pandas ranks the terms, one sort of (rank, position) keys) gives the
     terms, their offsets and the order that a stable argsort of the hashes gives, extremes of
