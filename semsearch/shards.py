@@ -7,7 +7,9 @@ one process over the whole index answers.
     router.search_batch(["loan approval"], k=10, mode="hybrid", where={"lang": "en"})
 
 A search takes two rounds, three where the router has not met one of its terms or its filter at
-this generation; each round is a call of every shard at once (`fanout`):
+this generation (the first search of a generation asks for the 4,096 terms searched lately too,
+so a write costs searches that round once, not once for each); each round is a call of every
+shard at once (`fanout`):
     prepare     (only for what the router does not hold for the generation yet) each term's
                 document frequency, the shard's live rows and their total length (BM25's
                 statistics are the whole index's, as in one process), and how many chunks the
@@ -264,6 +266,7 @@ class ShardedSearch:
         self._generation = generation or (lambda: Manifest.load(self.folder).generation)
         self._lock = threading.Lock()
         self._prep: dict[int, _Prepared] = {}  # per generation: what `prepare` said (self._prepared)
+        self._recent: dict[int, None] = {}  # the terms searched lately, oldest first (_CARRY_TERMS at most)
 
     def search(self, query: str, k: int = 10, mode: str | None = None, where: Any = None, **kw):
         return self.search_batch([query], k, mode, where, **kw)[0]
@@ -340,11 +343,18 @@ class ShardedSearch:
         key = _where_key(where)
         mine = {int(h) for hs in hashes for h in hs}
         with self._lock:
+            for h in mine:  # (most recent last)
+                self._recent.pop(h, None)
+                self._recent[h] = None
+            while len(self._recent) > _CARRY_TERMS:
+                del self._recent[next(iter(self._recent))]
             got = self._prep.get(gen)
             known = {h: got.df[h] for h in mine if h in got.df} if got is not None else {}
             want = sorted(mine - set(known))
             if got is not None and not want and key in got.allowed:
                 return got, known, got.allowed[key]
+            if got is None:  # a new generation: the terms searched lately are asked in this one round,
+                want = sorted(set(want) | set(self._recent))  # not one search at a time after each write
         parts = self.fanout("prepare", gen, [np.array(want, np.int64)], where)
         asked = {h: int(sum(int(p["df"][0][t]) for p in parts)) for t, h in enumerate(want)}
         counts = [p["allowed"] for p in parts]
@@ -414,6 +424,9 @@ class ShardedSearch:
 
 
 _PREP_TERMS = 1 << 20  # terms' document frequencies a router keeps per generation (~100 MB at most)
+# The terms searched lately whose document frequencies a new generation's first `prepare` asks
+# for too (one round per write for them, instead of one per search that meets one first).
+_CARRY_TERMS = 4096
 _PREP_FILTERS = 4096  # filters' counts
 
 

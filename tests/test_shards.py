@@ -256,6 +256,9 @@ def test_a_search_is_two_rounds_once_the_router_knows_its_terms_and_filter(index
     try:
         assert rounds("loan approval", "hybrid") == ["prepare", "candidates", "chunks"]  # a new generation
         assert rounds("loan approval", "hybrid") == ["candidates", "chunks"]
+        # its first search asked for the terms searched lately too: theirs are two rounds at once
+        assert rounds("loan decision", "lexical") == ["candidates", "chunks"]
+        assert rounds("approval decision", "hybrid", {"lang": "en"}) == ["prepare", "candidates", "chunks"]  # (a filter)
     finally:
         delete_documents(index, ["rounds-1"])
 
