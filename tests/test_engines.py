@@ -180,16 +180,6 @@ def _dead_files(folder, e):
     return Tombstones.load(folder / e["deletes"]).files.tolist() if e.get("deletes") else []
 
 
-def read_paths(folder: Path, entry: dict) -> set[str]:
-    import sqlite3
-
-    db = sqlite3.connect(f"file:{folder / entry['docs']}?mode=ro", uri=True)
-    try:
-        return {p for (p,) in db.execute("SELECT path FROM files")}
-    finally:
-        db.close()
-
-
 def test_shards_path_builds_ivf_and_keeps_states(sample_copy, tmp_path, real_encoder):
     a, b = tmp_path / "local", tmp_path / "shards"
     vs = VectorSettings(index_type="ivf")

@@ -19,6 +19,7 @@ from semsearch.errors import SemsearchError
 from semsearch.store.docstore import ChunkRow
 from semsearch.store.folder import now
 from semsearch.store.kept import TOKEN_COLS
+from semsearch.store.partition import chunk_parts, part_of
 
 log = logging.getLogger(__name__)
 
@@ -176,8 +177,6 @@ class _Route:
     is its file's, or its record's), and the documents each file it holds counts there."""
 
     def __init__(self, files: dict[int, dict], part: int, n: int):
-        from semsearch.store.partition import part_of
-
         self.files, self.part, self.n = files, part, n
         self.home = {seq: part_of(rec["path"], n) for seq, rec in files.items()}
         self.rows: dict[int, tuple[set, set]] = {}  # seq: (its records with chunks, those here)
@@ -185,8 +184,6 @@ class _Route:
 
     def keep(self, seq: int, rows: list) -> np.ndarray:
         """Whether each of a file's chunks is this partition's."""
-        from semsearch.store.partition import chunk_parts
-
         at = np.array([-1 if r.row is None else int(r.row) for r in rows], np.int64)
         parts = chunk_parts([self.files[seq]["path"]], np.array([self.home[seq]], np.int64), np.zeros(len(rows), np.int64),
                             at, self.n)

@@ -162,7 +162,7 @@ def apply_parted(folder: Path, entries: list[dict], dim: int, manifest, next_seg
         else:
             got, next_segment = _split(folder, [e], dim, manifest, next_segment, n)
             pieces += got
-    got, next_segment = _split(folder, entries[cut:], dim, manifest, next_segment, n, trained if cut < len(entries) else None)
+    got, next_segment = _split(folder, entries[cut:], dim, manifest, next_segment, n, trained)
     pieces += got
     stale = _stale(folder, manifest)
     out: list[dict] = []
@@ -229,10 +229,11 @@ def copy_live(dst: sqlite3.Connection, src: Path, dead: Tombstones, terms: bool 
         dst.executemany("INSERT INTO dead_files VALUES (?)", ((int(i),) for i in dead.files))
         src_file_cols = {r[1] for r in dst.execute("PRAGMA src.table_info(files)")}
         fcols = ", ".join(c if c in src_file_cols else "0" for c in FILE_COLS.split(", "))
-        dst.execute("CREATE TEMP TABLE IF NOT EXISTS shares (id INTEGER PRIMARY KEY, documents INTEGER)")
-        dst.execute("DELETE FROM shares")
-        dst.executemany("INSERT INTO shares VALUES (?, ?)", dead.documents.items())
-        fcols = fcols.replace("documents", "COALESCE((SELECT s.documents FROM shares s WHERE s.id = src.files.id), documents)")
+        if dead.documents:  # a split: each file counts its documents in this partition (store/partition.py)
+            dst.execute("CREATE TEMP TABLE IF NOT EXISTS shares (id INTEGER PRIMARY KEY, documents INTEGER)")
+            dst.execute("DELETE FROM shares")
+            dst.executemany("INSERT INTO shares VALUES (?, ?)", dead.documents.items())
+            fcols = fcols.replace("documents", "COALESCE((SELECT s.documents FROM shares s WHERE s.id = src.files.id), documents)")
         # A file whose records a re-partition gathers from several segments comes once a segment
         # (store/partition.py): one row, counting the documents of each.
         dst.execute(f"INSERT INTO files ({FILE_COLS}) SELECT {fcols} FROM src.files WHERE id NOT IN (SELECT id FROM dead_files)"

@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from semsearch.store.docstore import docs_files
-from semsearch.store.segments import Tombstones
+from semsearch.store.segments import Tombstones, partitioned
 
 
 def part_of(path: str, n: int) -> int:
@@ -164,8 +164,7 @@ def tag(entry: dict[str, Any], db: sqlite3.Connection, part: int, n: int) -> dic
 
 def is_home(entry: dict[str, Any], path: str) -> bool:
     """Whether a segment counts the file at `path` (its home partition's, or unpartitioned)."""
-    part, n = entry.get("part"), entry.get("parts")
-    return part is None or not n or int(n) <= 1 or part_of(path, int(n)) == int(part)
+    return not partitioned(entry) or part_of(path, int(entry["parts"])) == int(entry["part"])
 
 
 def order(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:

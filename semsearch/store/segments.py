@@ -141,6 +141,12 @@ def live_files(store: DocStore, dead: Tombstones, paths: list[str] | None = None
     return out
 
 
+def partitioned(entry: dict[str, Any]) -> bool:
+    """Whether a segment holds one partition of an index partitioned by document into more than
+    one (store/partition.py): its ids interleave with the other partitions'."""
+    return entry.get("part") is not None and int(entry.get("parts") or 1) > 1
+
+
 def add_files(out: dict[str, StoredFile], got: dict[str, StoredFile]) -> dict[str, StoredFile]:
     """`out` with a segment's live files added: a file held by several segments (its records in
     several partitions, store/partition.py) once, counting the documents of each."""
@@ -659,7 +665,7 @@ def _part_of(parts: list[Part], ids: np.ndarray) -> np.ndarray:
     among its own (sorted) ids."""
     groups = _by_partition(parts)
     out = np.full(len(ids), -1, np.int64)
-    interleaved = len(groups) > 1 or any(p.entry.get("part") is not None and int(p.entry.get("parts") or 1) > 1 for p in parts)
+    interleaved = len(groups) > 1 or any(partitioned(p.entry) for p in parts)
     for group in groups:
         held = [j for j in group if parts[j].lo >= 0]
         if not held:
@@ -737,7 +743,7 @@ def _share(part: "Part", allowed) -> float:
     rows = int(part.entry.get("rows") or 0)
     if part.segment.vectors.kind not in IVF_TYPES or not hasattr(allowed, "mask") or part.lo < 0 or not rows:
         return 1.0
-    if part.entry.get("part") is not None and int(part.entry.get("parts") or 1) > 1:
+    if partitioned(part.entry):
         got = np.count_nonzero(allowed.rows(part.segment.ids))
     else:
         got = np.count_nonzero(allowed.mask[part.lo : part.hi + 1])
