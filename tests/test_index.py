@@ -561,3 +561,46 @@ def test_tune_while_threads_and_asyncio_search(tmp_path, fake_encoder):
     assert counts["searches"] > 0 and 2 in outcomes and set(outcomes) <= {2, "locked"}
     assert Manifest.load(folder).segments[0]["index"]["params"]["nprobe"] == 2
     assert r._gen.vectors.parts[0].segment.vectors.params["nprobe"] == 2
+
+
+def test_large_quantizers_train_in_two_levels_and_find_the_neighbours(monkeypatch):
+    """From TWO_LEVEL_LISTS lists the quantizer is trained in two levels (store/quantizer.py):
+    nlist normalised centroids, which faiss's train() keeps (it trains the codes only), lists as
+    good as faiss's k-means gives, and every vector added where faiss's own assignment puts it."""
+    import faiss
+
+    import semsearch.store.vectors as V
+    from semsearch.store.quantizer import two_level
+    from semsearch.store.vectors import VectorIndex, exact_knn, recall_at, _search_excluding
+
+    rng = np.random.default_rng(3)
+    n, d, nlist = 12_000, 32, 64
+    centres = rng.normal(size=(150, d)).astype(np.float32)
+    x = centres[rng.integers(0, 150, n)] + 0.35 * rng.normal(size=(n, d)).astype(np.float32)
+    x = (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+    ids = np.arange(1, n + 1, dtype=np.int64)
+    pick = np.sort(rng.choice(n, 300, replace=False))
+    exact = exact_knn(x[pick], iter([(ids, x)]), 10, ids[pick])
+    got = {}
+    for name, threshold in (("faiss", 10**9), ("two levels", 16)):
+        monkeypatch.setattr(V, "TWO_LEVEL_LISTS", threshold)
+        vi = VectorIndex.create(d, "ivf-fastscan", {"nlist": nlist})
+        vi.train(x[:6000])
+        quantizer = faiss.extract_index_ivf(vi.index).quantizer
+        cents = quantizer.reconstruct_n(0, quantizer.ntotal)
+        assert quantizer.ntotal == nlist
+        if name == "two levels":  # the centroids two_level() gives, kept by faiss, unit length
+            assert np.allclose(cents, two_level(x[:6000], nlist), atol=1e-6)
+            assert np.allclose(np.linalg.norm(cents, axis=1), 1.0, atol=1e-4)
+        vi.add(ids, x)
+        inv = faiss.extract_index_ivf(vi.index).invlists
+        held = {int(i): c for c in range(nlist) for i in faiss.rev_swig_ptr(inv.get_ids(c), inv.list_size(c))}
+        _, nearest = quantizer.search(x, 1)
+        assert len(held) == n and all(held[int(i)] == c for i, c in zip(ids, nearest[:, 0]))  # faiss's own assignment
+        vi.params["k_factor"] = 100
+        vi.set_knob(2)
+        got[name] = recall_at(_search_excluding(vi, x[pick], 10, ids[pick]), exact)
+    assert got["two levels"] >= got["faiss"] - 0.02 and got["two levels"] > 0.5, got
+    # a coarse cluster whose share of the lists rounds to none gets none (faiss's k-means refuses 0)
+    skewed = np.concatenate([x[:3000], x[:20] + 0.01])
+    assert len(two_level(skewed, 64)) == 64

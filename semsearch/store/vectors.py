@@ -48,6 +48,10 @@ K_FACTOR_STEPS = [100, 200, 300, 500, 1000]
 # one more for each result after them, not k_factor * k: at k_factor 100 that is 1,090 rows read
 # from the vector file a query instead of 10,000, and the first 10 are found as well as at k = 10.
 REFINE_K = 10
+# IVF quantizers of this many lists or more are trained in two levels on the CPU
+# (store/quantizer.py: ~12x less k-means at 4,000 lists, ~90x at 12,649); smaller ones, and those
+# trained on a GPU, by faiss's own k-means.
+TWO_LEVEL_LISTS = 2048
 
 
 def refine_depth(k: int, k_factor: float, ntotal: int) -> int:
@@ -407,6 +411,14 @@ class VectorIndex:
 
         ivf = faiss.extract_index_ivf(self.index)
         ivf.cp.seed = 1234
+        if not gpu and ivf.nlist >= TWO_LEVEL_LISTS and len(sample) >= ivf.nlist:
+            from semsearch.store.quantizer import two_level
+
+            # the quantizer holding nlist centroids, faiss's train() trains only the codes
+            ivf.quantizer.add(two_level(sample, ivf.nlist))
+            self.index.train(np.ascontiguousarray(sample, np.float32))
+            self._gpu = None
+            return
         # k-means assignment on the GPU, with the quantizer's own metric. faiss keeps only a raw
         # pointer to clustering_index: this local keeps the GPU index alive while it trains.
         on_gpu = _to_gpu(faiss.IndexFlatIP(ivf.d)) if gpu else None
