@@ -20,7 +20,11 @@ levels (the fine centroids of a vector's 4 nearest coarse clusters, ~10x less wo
 agreed with exact assignment for ~99% of vectors but lost recall where it mattered (fast scan,
 2,500 lists: 0.992 against 1.000 at nprobe 4), since the vectors it puts elsewhere are the ones
 near a boundary that a query's probes rely on; its coarse clusters are too wide (fine centroids
-up to 1.34 from their coarse one) for a bound that would make it exact."""
+up to 1.34 from their coarse one) for a bound that would make it exact. Nor in bf16 on AMX (the
+product for each vector's best 4 centroids, rescored in fp32: 1.83x faiss's speed on one core,
+the same list for 99.982%): faiss takes given lists only through add_core, which for fast-scan
+indexes is IndexIVF's generic one, writing unpacked codes into block-packed lists (a heap overflow
+at 8 sub-quantizers; silently wrong codes at 96)."""
 from __future__ import annotations
 
 import numpy as np
