@@ -24,6 +24,7 @@ from semsearch.encoder.tokens import token_table
 from semsearch.encoder.models import weight_stats
 from semsearch.engines import reader
 from semsearch.engines.chunks import file_chunks
+from semsearch.engines.lookahead import Lookahead
 from semsearch.engines.reader import Opened, offsets_of
 from semsearch.engines.register import drop_file, drop_gone, replace_file, same_stat
 from semsearch.errors import CorpusError, InputError, SettingsMismatch
@@ -674,7 +675,8 @@ def _add_files(up, files, stored, seen, root, report, progress, checksum, roll, 
         if roll is not None and up.written + len(up.pending) >= segment_chunks and at < len(files) - 1:
             # (after the last file the run's end publishes, and merges, what is written)
             up.flush(wait=True)  # a file's chunks and its record stay in one segment: publish between files
-            up.rolled(roll(up.writer, read / max(to_read, 1)))
+            following = next(((g, stored.get(str(g.path))) for g in files[at + 1:] if str(g.path) not in trusted), None)
+            up.roll_reading_ahead(roll, read / max(to_read, 1), following)
     up.flush(wait=True)
     bar.close()
     drop_gone(up.writer, stored, seen, root, report)  # files under this corpus root that are gone
@@ -707,11 +709,29 @@ class _Updating:
         self._pool = None  # the encoding thread, started at the first batch
         self._inflight = None  # (chunks, the future of their vectors [and states])
         self.ahead: reader.ReadAhead | None = None  # the reader process, where the run has one
+        self.lookahead: Lookahead | None = None  # the file read and encoded during the last roll
 
     def rolled(self, writer) -> None:
         """Go on with the writer a roll gave: a new segment, empty."""
         self.writer, self.store = writer, writer.docs
         self.written = 0
+
+    def roll_reading_ahead(self, roll, done: float, following) -> None:
+        """roll(writer, done), the next file to read (`following`: (file, its record) or None)
+        read and encoded meanwhile (engines/lookahead.py), then go on with the writer it gave."""
+        self.lookahead = None
+        ahead = None
+        if following is not None and not self.keep_states and overlap_safe(self.encoder):
+            f, old = following
+            ahead = Lookahead(str(f.path), lambda on_bytes: self._open(f, old, on_bytes),
+                              lambda texts: self.encoder.encode(texts, progress=False), self.flush_chunks)
+        try:
+            writer = roll(self.writer, done)
+        finally:
+            if ahead is not None:
+                ahead.stop()
+        self.lookahead = ahead
+        self.rolled(writer)
 
     def flush(self, wait: bool = False) -> None:
         """Hand the pending chunks to the encoding thread, and add the batch before them, with its
@@ -736,7 +756,23 @@ class _Updating:
 
     def _embed(self, texts: list[str], keys: list[bytes] | None):
         """(vectors, token states or None, vectors to put in the resume cache): the encoding
-        thread's work, no more (the cache's keys were hashed before, its inserts come after)."""
+        thread's work, no more (the cache's keys were hashed before, its inserts come after).
+        Texts encoded ahead during a roll (self.lookahead) are taken from there."""
+        got = self.lookahead.take(texts) if self.lookahead is not None and not self.keep_states else {}
+        if not got:
+            return self._encode(texts, keys)
+        todo = [i for i in range(len(texts)) if i not in got]
+        out = np.empty((len(texts), self.encoder.out_dim), np.float32)
+        new: list = []
+        if todo:
+            out[todo], _, new = self._encode([texts[i] for i in todo], [keys[i] for i in todo] if keys is not None else None)
+        at = list(got)
+        out[at] = np.stack([got[i] for i in at])
+        if keys is not None:  # the resume cache holds them too
+            new = [*new, *((keys[i], got[i]) for i in at)]
+        return out, None, new
+
+    def _encode(self, texts: list[str], keys: list[bytes] | None):
         encoder = self.encoder
         if self.keep_states:
             vecs, states = encoder.encode_with_states(texts, progress=False)
@@ -782,7 +818,10 @@ class _Updating:
                                       offsets, self.chunking, self.read)
 
     def _open(self, f, old: StoredFile | None, on_bytes) -> Opened:
-        """A file's hash and documents: from the reader process, else read here (lazily)."""
+        """A file's hash and documents: read ahead during a roll, from the reader process, else
+        read here (lazily)."""
+        if self.lookahead is not None and self.lookahead.path == str(f.path):
+            return self.lookahead.opened(on_bytes)
         if self.ahead is not None:
             return self.ahead.open(f.path, on_bytes)
         try:

@@ -315,6 +315,61 @@ def test_a_long_run_publishes_segments_and_ends_as_one(tmp_path, fake_encoder):
     assert_same_index(tmp_path / "once", tmp_path / "rolled")
 
 
+def test_a_roll_reads_and_encodes_the_next_file_meanwhile_and_the_index_is_the_same(tmp_path, fake_encoder, monkeypatch):
+    """While a long run publishes a segment (a roll), the next file is read and its chunks
+    encoded in a thread (engines/lookahead.py); the run then takes those vectors rather than
+    encoding the texts again: every chunk encoded once, the index a run in one go builds. A bad
+    record met ahead is met where the run reads it: the line skipped with the reading options
+    that skip, the run stopped without them."""
+    import threading
+    import time
+
+    from semsearch.corpus.readers import ReadOptions
+    from semsearch.store.folder import IndexWriter
+    from test_engines import assert_same_index
+
+    src = _corpus(tmp_path / "c", 10)
+    index_corpus(src, tmp_path / "once", fake_encoder, progress=False, segment_chunks=None)
+    encoded, real_encode = [], type(fake_encoder).encode
+
+    def encode(self, texts, progress=None):
+        encoded.append((threading.current_thread().name, len(texts)))
+        return real_encode(self, texts, progress)
+
+    real_commit = IndexWriter.commit
+
+    def commit(self, manifest, merge="auto", rolled=False, trained=None):
+        if rolled:
+            time.sleep(0.3)  # a roll takes a while: the look-ahead reads the next file meanwhile
+        return real_commit(self, manifest, merge, rolled, trained)
+
+    monkeypatch.setattr(type(fake_encoder), "encode", encode)
+    monkeypatch.setattr(IndexWriter, "commit", commit)
+    rep = index_corpus(src, tmp_path / "rolled", fake_encoder, progress=False, segment_chunks=5)
+    ahead = sum(n for name, n in encoded if name == "semsearch-lookahead")
+    assert ahead > 0 and sum(n for _, n in encoded) == rep.chunks  # each chunk encoded once
+    assert_same_index(tmp_path / "once", tmp_path / "rolled")
+    # a bad record in the file read ahead: skipped where asked, else the run stops
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for i in range(6):
+        lines = [json.dumps({"text": _text(random.Random(500 + i * 10 + j), 30)}) for j in range(3)]
+        if i == 3:
+            lines.insert(1, "{not json")
+        (bad / f"r{i}.jsonl").write_text("\n".join(lines) + "\n")
+    encoded.clear()
+    skip = ReadOptions(skip_errors=True)
+    index_corpus(bad, tmp_path / "skipping", fake_encoder, progress=False, segment_chunks=2, read=skip)
+    assert any(name == "semsearch-lookahead" for name, _ in encoded)
+    index_corpus(bad, tmp_path / "skipping-once", fake_encoder, progress=False, segment_chunks=None, read=skip)
+    assert_same_index(tmp_path / "skipping-once", tmp_path / "skipping")
+    assert Manifest.load(tmp_path / "skipping").counts["chunks"] == 18  # r3.jsonl's bad line alone skipped
+    from semsearch.errors import CorpusError
+
+    with pytest.raises(CorpusError, match="r3.jsonl"):
+        index_corpus(bad, tmp_path / "stopping", fake_encoder, progress=False, segment_chunks=2)
+
+
 def test_a_long_run_keeps_its_segments_docstores_in_place_and_every_read_and_write_works_on_them(tmp_path, fake_encoder):
     """The merge at a long run's end keeps the rolled segments' docstores where they are (format
     8: no copy of the text beside them) and builds one vector index and posting file over them;
@@ -484,51 +539,39 @@ def _fast_scan_once(tmp_path, encoder):
 
 
 @pytest.mark.parametrize("fail", ["tuning", "vector file"])
-def test_a_long_runs_recall_is_tuned_beside_its_vector_file_and_a_failure_of_either_leaves_the_run_resumable(
+def test_a_long_runs_recall_is_tuned_from_its_new_vector_file_and_a_failure_of_either_leaves_the_run_resumable(
         tmp_path, fake_encoder, monkeypatch, fail):
-    """The run's final merge finds the recall tuning's exact neighbours in a thread while it
-    writes the vector file, then tunes the fast-scan index against that file; the knobs reach
-    the manifest; where either side fails, the error reaches the caller once the thread is done,
-    and the next run ends with the index a run without failure builds, no file left over."""
-    import threading
-
+    """The run's final merge writes the vector file, then tunes the fast-scan index's recall from
+    it (the exact neighbours read from it, the trials re-ranking from it); the knobs reach the
+    manifest; where either step fails, the next run ends with the index a run without failure
+    builds, no file left over."""
     from semsearch.store import vecfile
     from test_engines import assert_same_index
 
     src, fs = _fast_scan_once(tmp_path, fake_encoder)
     folder = tmp_path / "rolled"
-    real_truth, real_write = merge_.tuning_truth, vecfile.write_ordered
-    tuned_in = []
+    real_tune, real_write = merge_.tune_segment, vecfile.write_ordered
+    tuned = []
 
-    def truth(*a, **k):
-        tuned_in.append(threading.current_thread().name)
+    def tune(vi, vecs, *a, **k):
+        tuned.append((getattr(vecs, "path", None), getattr(vi.refine, "path", None)))
         if fail == "tuning":
             raise RuntimeError("the tuning failed")
-        return real_truth(*a, **k)
+        return real_tune(vi, vecs, *a, **k)
 
     def write(*a, **k):
         if fail == "vector file":
             raise RuntimeError("the vector file failed")
         return real_write(*a, **k)
 
-    real_tune, tuned_against = merge_.tune, []
-
-    def tune(vi, *a, **k):
-        tuned_against.append(getattr(vi.refine, "path", None))
-        return real_tune(vi, *a, **k)
-
-    monkeypatch.setattr(merge_, "tuning_truth", truth)
-    monkeypatch.setattr(merge_, "tune", tune)
+    monkeypatch.setattr(merge_, "tune_segment", tune)
     monkeypatch.setattr(vecfile, "write_ordered", write)
     with pytest.raises(RuntimeError, match=f"the {fail} failed"):
         index_corpus(src, folder, fake_encoder, progress=False, segment_chunks=60, vectors=fs)
-    assert tuned_in[-1] == "semsearch-recall-tuning"  # (a segment published on the way is tuned as it is written)
-    assert not [t for t in threading.enumerate() if t.name == "semsearch-recall-tuning"]
-    fail, tuned_in[:] = None, []
+    fail, tuned[:] = None, []
     index_corpus(src, folder, fake_encoder, progress=False, segment_chunks=60, vectors=fs)
-    assert tuned_in[-1] == "semsearch-recall-tuning"
     m = Manifest.load(folder)
-    assert tuned_against[-1] == folder / m.segments[0]["vecs"]  # the trials re-rank from the merged file
+    assert tuned[-1] == (folder / m.segments[0]["vecs"],) * 2  # read from, and re-ranking from, the merged file
     assert not list(folder.glob("*.tmp")) and len(m.segments) == 1
     seg = m.segments[0]["index"]
     assert seg["type"] == "ivf-fastscan" and seg["recall"]["lower"] <= seg["recall"]["recall"]
