@@ -719,18 +719,20 @@ class _Updating:
     def roll_reading_ahead(self, roll, done: float, following) -> None:
         """roll(writer, done), the next file to read (`following`: (file, its record) or None)
         read and encoded meanwhile (engines/lookahead.py), then go on with the writer it gave."""
-        self.lookahead = None
-        ahead = None
+        if self.lookahead is not None:  # (the last one's file is read: it has stopped already)
+            self.lookahead.stop()
+        self.lookahead = ahead = None
         if following is not None and not self.keep_states and overlap_safe(self.encoder):
             f, old = following
             ahead = Lookahead(str(f.path), lambda on_bytes: self._open(f, old, on_bytes),
                               lambda texts: self.encoder.encode(texts, progress=False), self.flush_chunks)
         try:
             writer = roll(self.writer, done)
-        finally:
+        except BaseException:
             if ahead is not None:
                 ahead.stop()
-        self.lookahead = ahead
+            raise
+        self.lookahead = ahead  # (reading on until the run's reading catches up with it)
         self.rolled(writer)
 
     def flush(self, wait: bool = False) -> None:
@@ -798,7 +800,9 @@ class _Updating:
 
     def close(self) -> None:
         """Stop the encoding thread, once the batch it holds (if a failure left one) is encoded,
-        and the reader process."""
+        the look-ahead and the reader process."""
+        if self.lookahead is not None:
+            self.lookahead.stop()
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None

@@ -348,6 +348,7 @@ def test_a_roll_reads_and_encodes_the_next_file_meanwhile_and_the_index_is_the_s
     rep = index_corpus(src, tmp_path / "rolled", fake_encoder, progress=False, segment_chunks=5)
     ahead = sum(n for name, n in encoded if name == "semsearch-lookahead")
     assert ahead > 0 and sum(n for _, n in encoded) == rep.chunks  # each chunk encoded once
+    assert not [t for t in threading.enumerate() if t.name == "semsearch-lookahead"]  # ended with the run
     assert_same_index(tmp_path / "once", tmp_path / "rolled")
     # a bad record in the file read ahead: skipped where asked, else the run stops
     bad = tmp_path / "bad"

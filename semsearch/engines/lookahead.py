@@ -5,9 +5,9 @@ files to do it: the segment's posting file, vector file, fsyncs and manifest, 9-
 encoder waited all that time: with an encoder paced as a GPU (4,000 chunks/s, sleeping the rest),
 a 1M-chunk build took 324.5 s, 1.30x the encoder's 250.5 s, four such waits making ~36 s of it
 (docs/benchmarks.md). A Lookahead opens the file after the roll's and, in a thread of its own,
-reads its documents and encodes their chunks, batch by batch, until the roll is done (or
-MAX_CHUNKS are held); the run then reads that file as usual, from the documents read ahead on,
-and the vectors already encoded are taken instead of encoding those texts again (`take`).
+reads its documents and encodes their chunks, batch by batch, during the roll and after it; the
+run then reads that file as usual, from the documents read ahead on, and the vectors already
+encoded are taken instead of encoding those texts again (`take`).
 
 Nothing is written to the store ahead: the file is registered, and its chunks added, after the
 roll, in the run's order, so chunk ids and the segments' contents are a run's without it. A
@@ -48,7 +48,11 @@ class _Bytes:
 
 class Lookahead:
     """One file opened (`open_file(on_bytes) -> Opened`) and read ahead in a thread, each
-    `batch` chunks encoded (`encode(texts) -> vectors`), until stop()."""
+    `batch` chunks encoded (`encode(texts) -> vectors`): through the roll, and after it until
+    the run's own reading catches up with the documents encoded so far (then the thread stops
+    and the run reads on from the file itself), or MAX_CHUNKS are held. The run's encoding thread
+    takes these vectors instantly, so the encoder would wait again while the run writes the
+    chunks of the roll's seconds if the look-ahead stopped with the roll."""
 
     def __init__(self, path: str, open_file: Callable[[Callable[[int], None]], Opened],
                  encode: Callable[[list[str]], np.ndarray], batch: int):
@@ -56,7 +60,9 @@ class Lookahead:
         self._bytes = _Bytes()
         self._opened = open_file(self._bytes)
         self._docs = iter(self._opened.docs)
-        self._read: list = []  # (document number, chunk rows) read ahead
+        self._lock = threading.Lock()
+        self._read: list = []  # (document number, chunk rows) read ahead, their chunks encoded
+        self._tail: list = []  # read ahead after the last encoded batch: the run encodes them
         self._error: BaseException | None = None  # a reading error met ahead, raised where the run meets it
         self._vectors: dict[str, np.ndarray] = {}
         self._stop = threading.Event()
@@ -64,8 +70,9 @@ class Lookahead:
         self._thread.start()
 
     def _run(self, encode, batch: int) -> None:
+        items: list = []
         texts: list[str] = []
-        held, encoding = 0, True
+        held = 0
         while not self._stop.is_set() and held < MAX_CHUNKS:
             try:
                 item = next(self._docs, None)
@@ -74,21 +81,26 @@ class Lookahead:
                 break
             if item is None:
                 break
-            self._read.append(item)
+            items.append(item)
             texts.extend(embedding_text(r.context, r.text) for r in item[1])
             held += len(item[1])
-            if encoding and len(texts) >= batch:
-                encoding = self._encode(encode, texts)
-                texts = []
-        if encoding and texts and not self._stop.is_set():
-            self._encode(encode, texts)
+            if len(texts) >= batch:
+                if not self._encode(encode, texts, items):
+                    break
+                items, texts = [], []
+        if items and not self._stop.is_set() and self._error is None and self._encode(encode, texts, items):
+            items = []
+        self._tail = items
 
-    def _encode(self, encode, texts: list[str]) -> bool:
+    def _encode(self, encode, texts: list[str], items: list) -> bool:
+        """Encode a batch and hand its documents to the run; False where the encoder failed."""
         try:
             vectors = encode(texts)
         except Exception:  # noqa: BLE001 - the run encodes these texts itself, and meets the error there
             return False
-        self._vectors.update(zip(texts, vectors))
+        with self._lock:
+            self._vectors.update(zip(texts, vectors))
+            self._read.extend(items)
         return True
 
     def stop(self) -> None:
@@ -103,16 +115,24 @@ class Lookahead:
         return Opened(self._opened.digest, self._opened.unreadable, self._all())
 
     def _all(self) -> Iterator:
-        yield from self._read
+        at = 0
+        while True:
+            with self._lock:
+                item = self._read[at] if at < len(self._read) else None
+            if item is None:
+                break
+            at += 1
+            yield item
+        self.stop()  # caught up: the thread ends after its batch; the run reads on from the file
+        yield from self._read[at:]
+        yield from self._tail
         if self._error is not None:
             raise self._error
         yield from self._docs
 
     def take(self, texts: list[str]) -> dict[int, np.ndarray]:
-        """The vectors encoded ahead for these texts, by position (each taken once)."""
-        got = {}
-        for i, t in enumerate(texts):
-            v = self._vectors.pop(t, None)
-            if v is not None:
-                got[i] = v
-        return got
+        """The vectors encoded ahead for these texts, by position. Kept, not popped: a text the
+        file holds twice finds its vector both times, so the run never encodes a text read ahead
+        (nor uses the encoder while this thread may)."""
+        with self._lock:
+            return {i: v for i, t in enumerate(texts) if (v := self._vectors.get(t)) is not None}
