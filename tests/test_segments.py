@@ -540,39 +540,51 @@ def _fast_scan_once(tmp_path, encoder):
 
 
 @pytest.mark.parametrize("fail", ["tuning", "vector file"])
-def test_a_long_runs_recall_is_tuned_from_its_new_vector_file_and_a_failure_of_either_leaves_the_run_resumable(
+def test_a_long_runs_recall_is_tuned_beside_its_vector_file_and_a_failure_of_either_leaves_the_run_resumable(
         tmp_path, fake_encoder, monkeypatch, fail):
-    """The run's final merge writes the vector file, then tunes the fast-scan index's recall from
-    it (the exact neighbours read from it, the trials re-ranking from it); the knobs reach the
-    manifest; where either step fails, the next run ends with the index a run without failure
-    builds, no file left over."""
+    """The run's final merge finds the recall tuning's exact neighbours in a thread while it
+    writes the vector file, then tunes the fast-scan index against that file; the knobs reach
+    the manifest; where either side fails, the error reaches the caller once the thread is done,
+    and the next run ends with the index a run without failure builds, no file left over."""
+    import threading
+
     from semsearch.store import vecfile
     from test_engines import assert_same_index
 
     src, fs = _fast_scan_once(tmp_path, fake_encoder)
     folder = tmp_path / "rolled"
-    real_tune, real_write = merge_.tune_segment, vecfile.write_ordered
-    tuned = []
+    real_truth, real_write = merge_.tuning_truth, vecfile.write_ordered
+    tuned_in = []
 
-    def tune(vi, vecs, *a, **k):
-        tuned.append((getattr(vecs, "path", None), getattr(vi.refine, "path", None)))
+    def truth(*a, **k):
+        tuned_in.append(threading.current_thread().name)
         if fail == "tuning":
             raise RuntimeError("the tuning failed")
-        return real_tune(vi, vecs, *a, **k)
+        return real_truth(*a, **k)
 
     def write(*a, **k):
         if fail == "vector file":
             raise RuntimeError("the vector file failed")
         return real_write(*a, **k)
 
-    monkeypatch.setattr(merge_, "tune_segment", tune)
+    real_tune, tuned_against = merge_.tune, []
+
+    def tune(vi, *a, **k):
+        tuned_against.append(getattr(vi.refine, "path", None))
+        return real_tune(vi, *a, **k)
+
+    monkeypatch.setattr(merge_, "tuning_truth", truth)
+    monkeypatch.setattr(merge_, "tune", tune)
     monkeypatch.setattr(vecfile, "write_ordered", write)
     with pytest.raises(RuntimeError, match=f"the {fail} failed"):
         index_corpus(src, folder, fake_encoder, progress=False, segment_chunks=60, vectors=fs)
-    fail, tuned[:] = None, []
+    assert tuned_in[-1] == "semsearch-recall-tuning"  # (a segment published on the way is tuned as it is written)
+    assert not [t for t in threading.enumerate() if t.name == "semsearch-recall-tuning"]
+    fail, tuned_in[:] = None, []
     index_corpus(src, folder, fake_encoder, progress=False, segment_chunks=60, vectors=fs)
+    assert tuned_in[-1] == "semsearch-recall-tuning"
     m = Manifest.load(folder)
-    assert tuned[-1] == (folder / m.segments[0]["vecs"],) * 2  # read from, and re-ranking from, the merged file
+    assert tuned_against[-1] == folder / m.segments[0]["vecs"]  # the trials re-rank from the merged file
     assert not list(folder.glob("*.tmp")) and len(m.segments) == 1
     seg = m.segments[0]["index"]
     assert seg["type"] == "ivf-fastscan" and seg["recall"]["lower"] <= seg["recall"]["recall"]

@@ -367,7 +367,8 @@ def _merge_in_place(folder: Path, group: list[dict], seg_id: int, dim: int, mani
 def _merged_vectors(folder: Path, group: list[dict], seg_id: int, dim: int, manifest, trained: VectorIndex | None,
                     steps: "_Steps") -> tuple[VectorIndex, dict, int]:
     """_merge_in_place's vector side: the vector index of the segments' vector files read as one
-    (filled), the merged vector file written once, list by list, and the index tuned from it."""
+    (filled; the tuning's exact neighbours found beside the writing of the merged vector file,
+    list by list; then tuned against that file)."""
     index = (manifest.index or {})
     # the segments' vector files read as one: indexed from there, then written once
     vecs = vecfile.Stacked([VectorFile(folder / e["vecs"]) for e in group])
@@ -377,24 +378,33 @@ def _merged_vectors(folder: Path, group: list[dict], seg_id: int, dim: int, mani
                                tune=False)
     steps.done("vector index built (docstores kept in place)")
     path = folder / vecfile.file_name(seg_id)
+    tunes = ventry["type"] != "flat" and rows > 10
     with vecs.sweeping():
-        if vi.external_refine and len(vecs):  # list by list (order_by_lists), in one writing
-            vecfile.write_ordered(path, vecs.ids, dim, vecfile.list_order(vecs.ids, vi.lists()),
-                                  lambda pos: vecs.at_positions(pos, sweep=True), index.get("storage"))
-        else:
-            vecfile.write_batches(path, vecs.ids, dim, (v for _, v in vecs.iter(65536)), index.get("storage"))
-    steps.done("vectors written" + (" list by list" if vi.external_refine else ""))
-    written = VectorFile(path)
+        # The recall tuning's ground truth (the exact neighbours of its queries: every vector
+        # read) in a thread beside the vector file's writing (reads scattered over the segments'
+        # files, then a write): neither changes what the other reads, so the merge takes the
+        # longer of the two. Its trial searches come after, re-ranking from the new file: from
+        # the segments' files, in id order, each query's ~2,000 candidates are scattered rows
+        # (10M chunks: tuning and file took 294 s side by side, 187 + 115 s one after the other).
+        truth = _beside(lambda: tuning_truth(vecs) if tunes else None, "semsearch-recall-tuning")
+        try:
+            if vi.external_refine and len(vecs):  # list by list (order_by_lists), in one writing
+                vecfile.write_ordered(path, vecs.ids, dim, vecfile.list_order(vecs.ids, vi.lists()),
+                                      lambda pos: vecs.at_positions(pos, sweep=True), index.get("storage"))
+            else:
+                vecfile.write_batches(path, vecs.ids, dim, (v for _, v in vecs.iter(65536)), index.get("storage"))
+        except BaseException:
+            truth.exception()  # (it reads the segments' files, which stay: waited for, not stopped)
+            raise
+        steps.done("vectors written" + (" list by list" if vi.external_refine else ""))
+        found = truth.result()
+        steps.done("the tuning's exact neighbours (beside the vectors) waited for")
     if vi.external_refine:
-        vi.refine = written
-    if ventry["type"] != "flat" and rows > 10:
-        # The recall tuning (exact search over every vector, then trial searches) reads the new
-        # file: in stored order for the exact search, a few runs of rows a query for the trials.
-        # From the segments' files (in id order, each query's ~2,000 candidates scattered rows) it
-        # took 187 s at 10M chunks, and side by side with the file's writing both slowed (294 s,
-        # and 257 s for the file with the exact search alone beside it: docs/benchmarks.md).
-        ventry["recall"], ventry["params"] = tune_segment(vi, written, target), vi.params
-        steps.done("recall tuned (from the new file)")
+        vi.refine = VectorFile(path)
+    if found is not None:
+        queries, exact, self_ids = found
+        ventry["recall"], ventry["params"] = tune(vi, queries, exact, 10, target, self_ids), vi.params
+        steps.done("recall tuned (re-ranking from the new file)")
     return vi, ventry, rows
 
 
@@ -592,14 +602,21 @@ def tune_segment(vi: VectorIndex, vecs, target: float, k: int = 10, sample: int 
     """Tune vi's search knobs (vectors.tune) to recall@k `target` against exact search over
     `vecs` (a segment's vector file, or the rows a writer holds): on `tune_queries`, else on
     `sample` of the segment's own vectors, each one's own vector left out of both lists."""
+    queries, exact, self_ids = tuning_truth(vecs, k, sample, tune_queries)
+    return tune(vi, queries, exact, k, target, self_ids)
+
+
+def tuning_truth(vecs, k: int = 10, sample: int = 500, tune_queries: np.ndarray | None = None
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """tune_segment's queries, their exact top k over `vecs` and the queries' own ids (None for
+    `tune_queries`)."""
     if tune_queries is not None and len(tune_queries):
         queries, self_ids = np.ascontiguousarray(tune_queries, np.float32), None
     else:
         pick = np.sort(np.random.default_rng(0).choice(len(vecs), min(sample, len(vecs)), replace=False))
         queries, self_ids = vecs.at_positions(pick), vecs.ids[pick].copy()
     # in the order the rows are stored (the ground truth needs every row, not id order)
-    exact = exact_knn(queries, getattr(vecs, "iter_stored", vecs.iter)(65536), k, self_ids)
-    return tune(vi, queries, exact, k, target, self_ids)
+    return queries, exact_knn(queries, getattr(vecs, "iter_stored", vecs.iter)(65536), k, self_ids), self_ids
 
 
 def fits(trained: VectorIndex | None, kind: str, n: int, ids: np.ndarray | None = None) -> bool:
