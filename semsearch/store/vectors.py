@@ -50,8 +50,7 @@ K_FACTOR_STEPS = [100, 200, 300, 500, 1000]
 REFINE_K = 10
 # IVF quantizers of this many lists or more are trained in two levels on the CPU
 # (store/quantizer.py: 3.0 s against 37.7 s at 4,000 lists; 26 s against 708 s in a 10M build);
-# smaller ones, and those
-# trained on a GPU, by faiss's own k-means.
+# smaller ones, and those trained on a GPU, by faiss's own k-means.
 TWO_LEVEL_LISTS = 2048
 
 
