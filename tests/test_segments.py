@@ -539,78 +539,86 @@ def _fast_scan_once(tmp_path, encoder):
     return src, fs
 
 
-@pytest.mark.parametrize("fail", ["tuning", "vector file"])
-def test_a_long_runs_recall_is_tuned_beside_its_vector_file_and_a_failure_of_either_leaves_the_run_resumable(
+@pytest.mark.parametrize("fail", ["tuning", "a vector file"])
+def test_a_long_runs_merge_keeps_its_segments_vector_files_in_list_order_and_a_failure_leaves_the_run_resumable(
         tmp_path, fake_encoder, monkeypatch, fail):
-    """The run's final merge finds the recall tuning's exact neighbours in a thread while it
-    writes the vector file, then tunes the fast-scan index against that file; the knobs reach
-    the manifest; where either side fails, the error reaches the caller once the thread is done,
-    and the next run ends with the index a run without failure builds, no file left over."""
-    import threading
-
-    from semsearch.store import vecfile
+    """The run's final merge rewrites each of its segments' vector files in the merged index's
+    list order, one at a time (the published manifest names each new file before the old one
+    goes: the folder never holds more than one file twice), finds the tuning's exact neighbours
+    in the same sweep and tunes against the kept files, which the merged segment names. Where the
+    rewriting or the tuning fails, the index published on the way opens and answers, and the
+    next run ends with the index a run without failure builds, no file left over."""
+    from semsearch.store import keepvecs, vecfile
+    from semsearch.store.folder import open_index
     from test_engines import assert_same_index
 
     src, fs = _fast_scan_once(tmp_path, fake_encoder)
     folder = tmp_path / "rolled"
-    real_truth, real_write = merge_.tuning_truth, vecfile.write_ordered
-    tuned_in = []
+    real_rewrite, real_tune = vecfile.rewrite, merge_.tune
+    held, tuned_against = [], []
 
-    def truth(*a, **k):
-        tuned_in.append(threading.current_thread().name)
-        if fail == "tuning":
-            raise RuntimeError("the tuning failed")
-        return real_truth(*a, **k)
-
-    def write(*a, **k):
-        if fail == "vector file":
-            raise RuntimeError("the vector file failed")
-        return real_write(*a, **k)
-
-    real_tune, tuned_against = merge_.tune, []
+    def rewrite(vf, rows, path, order):
+        held.append(len(list(folder.glob("vectors.*.vec"))))  # before this one's new file
+        if fail == "a vector file" and len(held) == 2:
+            raise RuntimeError("a vector file failed")
+        return real_rewrite(vf, rows, path, order)
 
     def tune(vi, *a, **k):
-        tuned_against.append(getattr(vi.refine, "path", None))
+        tuned_against.append([getattr(getattr(f, "path", None), "name", None) for f in getattr(vi.refine, "files", [vi.refine])])
+        if fail == "tuning":
+            raise RuntimeError("the tuning failed")
         return real_tune(vi, *a, **k)
 
-    monkeypatch.setattr(merge_, "tuning_truth", truth)
+    monkeypatch.setattr(vecfile, "rewrite", rewrite)
     monkeypatch.setattr(merge_, "tune", tune)
-    monkeypatch.setattr(vecfile, "write_ordered", write)
-    with pytest.raises(RuntimeError, match=f"the {fail} failed"):
+    with pytest.raises(RuntimeError, match=f"{fail} failed"):
         index_corpus(src, folder, fake_encoder, progress=False, segment_chunks=60, vectors=fs)
-    assert tuned_in[-1] == "semsearch-recall-tuning"  # (a segment published on the way is tuned as it is written)
-    assert not [t for t in threading.enumerate() if t.name == "semsearch-recall-tuning"]
-    fail, tuned_in[:] = None, []
+    partial = Manifest.load(folder)
+    assert len(partial.segments) > 2 and any(e["vecs"] != f"vectors.{e['id']}.vec" for e in partial.segments)
+    assert not verify(folder)  # the segments published on the way, one or all with a file rewritten
+    got = Retriever.load(folder, encoder=fake_encoder).search("alpha beta", k=5)
+    assert len(got) == 5
+    fail, held[:] = None, []
     index_corpus(src, folder, fake_encoder, progress=False, segment_chunks=60, vectors=fs)
-    assert tuned_in[-1] == "semsearch-recall-tuning"
     m = Manifest.load(folder)
-    assert tuned_against[-1] == folder / m.segments[0]["vecs"]  # the trials re-rank from the merged file
-    assert not list(folder.glob("*.tmp")) and len(m.segments) == 1
-    seg = m.segments[0]["index"]
-    assert seg["type"] == "ivf-fastscan" and seg["recall"]["lower"] <= seg["recall"]["recall"]
-    assert (seg["params"]["nprobe"], seg["params"]["k_factor"]) == (seg["recall"]["value"], seg["recall"]["k_factor"])
-    assert sorted(p.name for p in folder.iterdir() if p.name.startswith("vectors.")) == \
-        sorted([m.segments[0]["vecs"], m.segments[0]["vectors"]])
+    seg = m.segments[0]
+    names = vecfile.file_names(seg)
+    assert len(m.segments) == 1 and len(names) == len(seg["docs_more"]) + 1 > 2
+    assert tuned_against[-1] == names  # the trials re-ranked from the kept files
+    assert max(held) <= len(names)  # one file twice at most
+    assert sorted(p.name for p in folder.iterdir() if p.name.startswith("vectors.")) == sorted(names + [seg["vectors"]])
+    assert m.format_version == 10 and not list(folder.glob("*.tmp"))
+    idx = seg["index"]
+    assert idx["type"] == "ivf-fastscan" and idx["recall"]["lower"] <= idx["recall"]["recall"]
+    assert (idx["params"]["nprobe"], idx["params"]["k_factor"]) == (idx["recall"]["value"], idx["recall"]["k_factor"])
+    _, _, docs = open_index(folder)
+    s = next(iter(docs.segments().values()))
+    lists = s.vectors.lists()
+    for f in s.vecs.files:  # each file's rows list by list, as the index holds them
+        mine = [x[(x >= f.ids[0]) & (x <= f.ids[-1])] for x in lists]
+        assert vecfile.in_order(f, vecfile.list_order(f.ids, mine)) and f.storage == "fp16"
+    docs.close()
+    assert keepvecs.BATCH > 0 and not verify(folder)
     assert_same_index(tmp_path / "once", folder)
 
 
-def test_a_long_runs_fast_scan_vectors_are_written_once_list_by_list_from_its_segments_files(tmp_path, fake_encoder, monkeypatch):
-    """The run's end indexes its segments' vector files read as one (vecfile.Stacked) and writes
-    the merged segment's file once, in list order: no id-order copy first. Same index, same
-    answers as a run that published nothing on the way."""
+def test_a_long_runs_fast_scan_vectors_stay_in_its_segments_files_and_answer_as_one_file(tmp_path, fake_encoder, monkeypatch):
+    """The run's end indexes its segments' vector files read as one (vecfile.Stacked) and keeps
+    them: no merged vector file is written, in id order or any other. Same index, same answers
+    (search, filters, explain's vectors) as a run that published nothing on the way."""
     from semsearch.store import vecfile
     from test_engines import assert_same_index
 
     src, fs = _fast_scan_once(tmp_path, fake_encoder)
-    batches = []
-    real = vecfile.write_batches
-    monkeypatch.setattr(vecfile, "write_batches", lambda *a, **k: batches.append(a[0]) or real(*a, **k))
+    written = []
+    for name in ("write_batches", "write_ordered"):
+        real = getattr(vecfile, name)
+        monkeypatch.setattr(vecfile, name, lambda *a, _real=real, **k: written.append(Path(a[0]).name) or _real(*a, **k))
     index_corpus(src, tmp_path / "rolled", fake_encoder, progress=False, segment_chunks=60, vectors=fs)
     seg = Manifest.load(tmp_path / "rolled").segments[0]
-    assert seg["index"]["type"] == "ivf-fastscan" and len(seg["docs_more"]) > 2
-    assert tmp_path / "rolled" / seg["vecs"] not in batches  # not written in id order first
-    vf = vecfile.VectorFile(tmp_path / "rolled" / seg["vecs"])
-    assert vf.ordered and vf.storage == "fp16"
+    assert seg["index"]["type"] == "ivf-fastscan" and len(seg["docs_more"]) > 2 and len(seg["vecs_more"]) > 2
+    assert vecfile.file_name(seg["id"]) not in written  # no merged file
+    assert set(vecfile.file_names(seg)) <= set(written)  # each segment's own, rewritten in list order
     assert_same_index(tmp_path / "once", tmp_path / "rolled")
     a, b = Retriever.load(tmp_path / "once", encoder=fake_encoder), Retriever.load(tmp_path / "rolled", encoder=fake_encoder)
     ra, rb = _results(a), _results(b)

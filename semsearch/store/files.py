@@ -13,7 +13,8 @@ from semsearch.errors import IndexFormatError
 from typing import Any
 
 DB_ERRORS = (sqlite3.Error, UnicodeDecodeError)  # a damaged TEXT value fails to decode
-DATA_FILE = re.compile(r"(docs|vectors)\.[0-9]{1,18}\.(sqlite|faiss|vec)|(del\.[0-9]{1,18}|lexical)\.[0-9]{1,18}\.bin")
+DATA_FILE = re.compile(r"(docs|vectors)\.[0-9]{1,18}\.(sqlite|faiss|vec)|vectors\.[0-9]{1,18}\.[0-9]{1,18}\.vec"
+                       r"|(del\.[0-9]{1,18}|lexical)\.[0-9]{1,18}\.bin")
 
 
 def remedy(folder: Path) -> str:

@@ -22,7 +22,8 @@ from semsearch.store import integrity, lexical, vecfile
 from semsearch.store.files import DATA_FILE, DB_ERRORS, damaged, fsync_dir, fsync_file, manifest_stamp
 from semsearch.store.docstore import DocStore, StoredFile, docs_files, open_docs
 from semsearch.store.kept import StatesFile, files_of
-from semsearch.store.manifest import FORMAT_VERSION, IN_PLACE_VERSION, MANIFEST, PARTED_VERSION, SPREAD_VERSION, Manifest
+from semsearch.store.manifest import (FORMAT_VERSION, IN_PLACE_VERSION, MANIFEST, MULTI_VEC_VERSION, PARTED_VERSION, SPREAD_VERSION,
+                                      Manifest)
 from semsearch.store.segments import (Segment, SegmentedDocs, SegmentedVectors, Tombstones, add_files, live_counts, live_files, open_parts,
                                       segment_entry, select_sql)
 from semsearch.store.vecfile import MemoryVectors
@@ -402,7 +403,8 @@ class IndexWriter:
         manifest.index = merge_.summary(entries, seg_index)
         manifest.updated = now()
         manifest.created = manifest.created or manifest.updated
-        manifest.format_version = (SPREAD_VERSION if shards > 1 and any(e.get("guests") for e in entries)
+        manifest.format_version = (MULTI_VEC_VERSION if any(e.get("vecs_more") or _kept_vecs(e) for e in entries)
+                                   else SPREAD_VERSION if shards > 1 and any(e.get("guests") for e in entries)
                                    else IN_PLACE_VERSION if any(e.get("docs_more") for e in entries)
                                    else PARTED_VERSION if shards > 1 else FORMAT_VERSION)
         manifest.save(self.folder)
@@ -518,6 +520,11 @@ class IndexWriter:
             p.unlink(missing_ok=True)
 
 
+def _kept_vecs(e: dict) -> bool:
+    """Whether a segment's vector file is one a merge rewrote in place (format 10: keepvecs)."""
+    return bool(e.get("vecs")) and e["vecs"] != f"vectors.{e['id']}.vec"
+
+
 def _seq(store: DocStore, table: str) -> int:
     row = store.db.execute("SELECT seq FROM sqlite_sequence WHERE name = ?", (table,)).fetchone()
     return int(row[0]) if row else 0
@@ -543,8 +550,9 @@ def _current_files(folder: Path) -> set[str]:
     for s in segments if isinstance(segments, list) else []:
         if isinstance(s, dict):
             names |= {str(s.get(k)) for k in ("docs", "vectors", "vecs", "postings", "deletes") if s.get(k)}
-            more = s.get("docs_more")
-            names |= {str(v) for v in more} if isinstance(more, list) else set()
+            for key in ("docs_more", "vecs_more"):
+                more = s.get(key)
+                names |= {str(v) for v in more} if isinstance(more, list) else set()
     return names
 
 

@@ -128,6 +128,8 @@ def check_segment_files(folder: Path, entry: dict) -> None:
             check_file(folder, name, rec.get(name))
     for name in entry.get("docs_more") or ():  # (format 8: docstores kept in place by a run's merge)
         check_file(folder, name, rec.get(name))
+    for name in entry.get("vecs_more") or ():  # (format 10: vector files kept in place by a run's merge)
+        check_file(folder, name, rec.get(name))
 
 
 def check_files(folder: Path, m) -> None:

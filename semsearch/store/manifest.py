@@ -40,7 +40,13 @@ IN_PLACE_VERSION = 8
 # so its file row is in several segments (store/partition.py). A writer of format 8 would delete
 # or replace such a file in one segment only, leaving its other records searchable.
 SPREAD_VERSION = 9
-READABLE = (1, 2, 3, 4, 5, 6, 7, 8, 9)
+# Format 10: a segment may keep several vector files (`vecs_more`: those of a long run's
+# segments, each rewritten in the merged index's list order and left in place by the merge at
+# its end, store/keepvecs.py), and a segment's vector file may be named `vectors.<s>.<m>.vec`
+# (the file of segment s rewritten for merged segment m). A reader of format 9 would see the
+# first file's vectors only. Written only where a segment has them.
+MULTI_VEC_VERSION = 10
+READABLE = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10)
 MANIFEST = "manifest.json"
 
 
@@ -81,7 +87,8 @@ class Manifest:
         """Every data file this manifest names."""
         out: set[str] = set()
         for s in self.segments:
-            out |= {s["docs"], s["vectors"], *(s.get("docs_more") or ())} | {s[k] for k in ("deletes", "vecs", "postings") if s.get(k)}
+            out |= {s["docs"], s["vectors"], *(s.get("docs_more") or ()), *(s.get("vecs_more") or ())}
+            out |= {s[k] for k in ("deletes", "vecs", "postings") if s.get(k)}
         return out
 
     def to_json(self) -> str:
@@ -178,6 +185,11 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+def _vector_file(v) -> bool:
+    """A vector file's name: `vectors.<s>.vec`, or `vectors.<s>.<m>.vec` (format 10)."""
+    return isinstance(v, str) and bool(DATA_FILE.fullmatch(v)) and v.startswith("vectors.") and v.endswith(".vec")
+
+
 def check_segment(x: dict, folder: Path, name: str) -> None:
     """One segment entry: plain data-file names of this folder, integer counts, integrity records."""
     sid = x.get("id")
@@ -192,8 +204,11 @@ def check_segment(x: dict, folder: Path, name: str) -> None:
             isinstance(f, str) and DATA_FILE.fullmatch(f) and f.startswith("docs.") and f.endswith(".sqlite") for f in more)):
         raise damaged(folder, name, f"damaged manifest (segment {sid}: docs_more is not a list of docstores of this folder)")
     v = x.get("vecs")
-    if v is not None and not (isinstance(v, str) and DATA_FILE.fullmatch(v) and v == f"vectors.{sid}.vec"):
+    if v is not None and not _vector_file(v):
         raise damaged(folder, name, f"damaged manifest (segment {sid}: vecs {v!r} is not a data file of this folder)")
+    vmore = x.get("vecs_more")
+    if vmore is not None and not (v is not None and isinstance(vmore, list) and all(_vector_file(f) for f in vmore)):
+        raise damaged(folder, name, f"damaged manifest (segment {sid}: vecs_more is not a list of vector files of this folder)")
     pf = x.get("postings")
     if pf is not None and not (isinstance(pf, str) and DATA_FILE.fullmatch(pf) and pf == f"lexical.{sid}.bin"):
         raise damaged(folder, name, f"damaged manifest (segment {sid}: postings {pf!r} is not a data file of this folder)")
@@ -218,7 +233,7 @@ def check_segment(x: dict, folder: Path, name: str) -> None:
     rec = x.get("integrity")
     if rec is not None:
         recs = rec.get("files") if isinstance(rec, dict) else None
-        names = {x["docs"], x["vectors"], *(more or ())} | {f for f in (d, v, pf) if f}
+        names = {x["docs"], x["vectors"], *(more or ()), *(vmore or ())} | {f for f in (d, v, pf) if f}
         if not isinstance(recs, dict) or not all(
                 isinstance(v, dict) and _is_int(v.get("size")) and isinstance(v.get("fingerprint"), str)
                 and isinstance(v.get("sha256"), str) for v in recs.values()) \

@@ -28,7 +28,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from semsearch.store import integrity, lexical, vecfile
+from semsearch.store import integrity, keepvecs, lexical, vecfile
 from semsearch.store.docstore import DocStore, docs_files
 from semsearch.store.files import fsync_file
 from semsearch.store.segments import Tombstones, segment_entry
@@ -120,7 +120,7 @@ def _stale(folder: Path, manifest):
     def stale(e: dict) -> bool:
         if not e.get("vecs") or not e.get("postings"):
             return True
-        vf = VectorFile(Path(folder) / e["vecs"])
+        vf = vecfile.open_files(Path(folder), e)
         return vf.storage != want or ((e.get("index") or {}).get("type") == "ivf-fastscan" and not vf.ordered)
 
     return stale
@@ -335,78 +335,76 @@ def _merge_in_place(folder: Path, group: list[dict], seg_id: int, dim: int, mani
     posted = _beside(lambda: lexical.write_segment_file(folder / postings, np.zeros(0, np.int64), [], np.zeros(0, np.float32),
                                                         [(lexical.open_file(folder / e["postings"]), None) for e in group]))
     try:
-        vi, ventry, rows = _merged_vectors(folder, group, seg_id, dim, manifest, trained, steps)
+        vi, ventry, rows, vec_names = _merged_vectors(folder, group, seg_id, dim, manifest, trained, steps)
     except BaseException:
         posted.exception()  # (its file is an unpublished one the writer removes: not while it is written)
         raise
     posted.result()
     steps.done("postings merged (beside the vectors), waited for")
     vi.save(folder / vectors_file, vectors_elsewhere=True)
-    for name in (vectors_file, vecfile.file_name(seg_id), postings):
+    new = [vectors_file, postings] + [n for n in vec_names if n == vecfile.file_name(seg_id)]
+    for name in new:
         fsync_file(folder / name)
     steps.done("written to disk")
-    names = [vectors_file, vecfile.file_name(seg_id), postings]
-    rec = integrity.record(folder, names, vi)
+    rec = integrity.record(folder, new, vi)
     docs = [n for e in group for n in docs_files(e)]
-    for e in group:  # the docstores' records as their segments made them (not hashed again)
+    for e in group:  # the docstores' and kept vector files' records as made (not hashed again)
         kept = (e.get("integrity") or {}).get("files") or {}
-        rec["files"].update({n: kept[n] for n in docs_files(e) if n in kept})
+        rec["files"].update({n: kept[n] for n in [*docs_files(e), *vec_names] if n in kept and n not in rec["files"]})
     out = {"id": seg_id, "docs": docs[0], "docs_more": docs[1:], "vectors": vectors_file, "deletes": None,
            "rows": rows, "live": rows, "files": sum(int(e["files"]) for e in group),
            "documents": sum(int(e["documents"]) for e in group), "min_id": group[0]["min_id"],
            "max_id": group[-1]["max_id"], "index": ventry,
            "states": sorted(set().union(*(set(e.get("states") or ()) for e in group))), "lexical": True,
-           "vecs": vecfile.file_name(seg_id), "postings": postings, "integrity": rec}
+           "vecs": vec_names[0], "vecs_more": vec_names[1:], "postings": postings, "integrity": rec}
     if vi.kind == "flat":
         out["vectors_from"] = "vecs"
-    if not out["docs_more"]:
-        del out["docs_more"]
+    for more in ("docs_more", "vecs_more"):
+        if not out[more]:
+            del out[more]
     return out
 
 
 def _merged_vectors(folder: Path, group: list[dict], seg_id: int, dim: int, manifest, trained: VectorIndex | None,
-                    steps: "_Steps") -> tuple[VectorIndex, dict, int]:
-    """_merge_in_place's vector side: the vector index of the segments' vector files read as one
-    (filled; the tuning's exact neighbours found beside the writing of the merged vector file,
-    list by list; then tuned against that file)."""
+                    steps: "_Steps") -> tuple[VectorIndex, dict, int, list[str]]:
+    """_merge_in_place's vector side: the vector index of the segments' vector files read as one,
+    and the merged segment's vector files, in order: for a fast-scan index the segments' own,
+    kept in place, each in the index's list order (store/keepvecs.py); else one new file in id
+    order. Then tuned against those files."""
     index = (manifest.index or {})
-    # the segments' vector files read as one: indexed from there, then written once
-    vecs = vecfile.Stacked([VectorFile(folder / e["vecs"]) for e in group])
+    # the segments' vector files read as one: indexed from there
+    vecs = vecfile.Stacked([VectorFile(folder / n) for e in group for n in vecfile.file_names(e)])
     target = (index.get("recall") or {}).get("target", 0.95)
     rows = sum(int(e["rows"]) for e in group)
     vi, ventry = build_vectors(vecs, dim, _requested(manifest), rows, target, params=index.get("params"), trained=trained,
                                tune=False)
     steps.done("vector index built (docstores kept in place)")
-    path = folder / vecfile.file_name(seg_id)
     tunes = ventry["type"] != "flat" and rows > 10
-    with vecs.sweeping():
-        # The recall tuning's ground truth (the exact neighbours of its queries: every vector
-        # read) in a thread beside the vector file's writing (reads scattered over the segments'
-        # files, then a write): neither changes what the other reads, so the merge takes the
-        # longer of the two. Its trial searches come after, re-ranking from the new file: from
-        # the segments' files, in id order, each query's ~2,000 candidates are scattered rows.
-        # 10M chunks, one build each: 287.8 s so (file 257.1, trials 30.7), 327.0 s with the
-        # whole tuning after the file (256.1 + 70.9), 294 s with all of it beside.
-        truth = _beside(lambda: tuning_truth(vecs) if tunes else None, "semsearch-recall-tuning")
-        try:
-            if vi.external_refine and len(vecs):  # list by list (order_by_lists), in one writing
-                vecfile.write_ordered(path, vecs.ids, dim, vecfile.list_order(vecs.ids, vi.lists()),
-                                      lambda pos: vecs.at_positions(pos, sweep=True), index.get("storage"))
-            else:
-                vecfile.write_batches(path, vecs.ids, dim, (v for _, v in vecs.iter(65536)), index.get("storage"))
-        except BaseException:
-            truth.exception()  # (it reads the segments' files, which stay: waited for, not stopped)
-            raise
-        steps.done("vectors written" + (" list by list" if vi.external_refine else ""))
-        found = truth.result()
-        steps.done("the tuning's exact neighbours (beside the vectors) waited for")
-    if vi.external_refine:
-        vi.refine = VectorFile(path)
+    if vi.external_refine and len(vecs):
+        names, found = keepvecs.keep_in_place(folder, group, seg_id, vecs, vi.lists(), tunes)
+        vi.refine = vecs  # (its files now the kept ones)
+        steps.done("vector files in list order, kept in place, and the tuning's exact neighbours")
+    else:
+        names, found = [vecfile.file_name(seg_id)], _one_file(folder / vecfile.file_name(seg_id), vecs, dim, index, tunes)
+        steps.done("vectors written, and the tuning's exact neighbours")
     if found is not None:
         queries, exact, self_ids = found
         ventry["recall"], ventry["params"] = tune(vi, queries, exact, 10, target, self_ids), vi.params
-        steps.done("recall tuned (re-ranking from the new file)")
-    return vi, ventry, rows
+        steps.done("recall tuned")
+    return vi, ventry, rows, names
+
+
+def _one_file(path: Path, vecs, dim: int, index: dict, tunes: bool):
+    """The merged vector file written in id order, the tuning's exact neighbours found in a
+    thread beside (neither changes what the other reads)."""
+    with vecs.sweeping():
+        truth = _beside(lambda: tuning_truth(vecs) if tunes else None, "semsearch-recall-tuning")
+        try:
+            vecfile.write_batches(path, vecs.ids, dim, (v for _, v in vecs.iter(65536)), index.get("storage"))
+        except BaseException:
+            truth.exception()  # (it reads the segments' files, which stay: waited for, not stopped)
+            raise
+        return truth.result()
 
 
 def _beside(fn, name: str = "semsearch-postings-merge") -> "Future":
@@ -528,7 +526,7 @@ def _vector_sources(folder: Path, group: list[dict], deads: list[Tombstones] | N
         dead = deads[at] if deads is not None else Tombstones.load(folder / e["deletes"]) if e.get("deletes") else Tombstones()
         keep = (lambda ids, d=dead.chunks: ~np.isin(ids, d)) if len(dead.chunks) else None
         if e.get("vecs"):
-            vf = VectorFile(folder / e["vecs"])
+            vf = vecfile.open_files(folder, e)
             ids = vf.ids if keep is None else vf.ids[keep(vf.ids)]
             sources.append((ids, lambda vf=vf, keep=keep: vf.iter(batch, keep)))
         else:

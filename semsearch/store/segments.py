@@ -217,11 +217,11 @@ class Segment:
             raise damaged(self.folder, entry["docs"], f"damaged ({e})") from e
         self.vecs: VectorFile | None = None  # the segment's vectors (format 4; fast-scan ones of format 3)
         try:
-            if entry.get("vecs"):
-                self.vecs = VectorFile(self.folder / entry["vecs"])
+            self.vecs = vecfile.open_files(self.folder, entry)  # (format 10: several, read as one)
             if kind == "flat" and entry.get("vectors_from") == "vecs":  # format 6: the vector file is the only copy
-                if self.vecs is None or self.vecs.ordered:
+                if self.vecs is None:
                     raise ValueError("a flat segment without its vector file")
+                # (rows in list order: a rolled segment whose file the run's merge rewrote; keepvecs)
                 if device == "cuda" and faiss_gpus() > 0:  # faiss's GPU scan, filled from the file
                     self.vectors = VectorIndex.create(self.vecs.dim, "flat", device="cuda")
                     for ids, vecs in self.vecs.iter(65536):

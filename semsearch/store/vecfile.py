@@ -86,6 +86,29 @@ def file_name(seg_id: int) -> str:
     return f"vectors.{seg_id}.vec"
 
 
+def file_names(entry: dict) -> list[str]:
+    """A segment entry's vector files: `vecs`, then `vecs_more` (format 10: the rolled segments'
+    files a long run's merge keeps in place, each in the merged index's list order), in
+    increasing id ranges. [] for a segment from before vector files."""
+    return [entry["vecs"], *(entry.get("vecs_more") or ())] if entry.get("vecs") else []
+
+
+def open_files(folder: Path, entry: dict) -> "VectorFile | Stacked | None":
+    """A segment's vectors: its one vector file, or its files read as one (Stacked); None where
+    it has none."""
+    names = file_names(entry)
+    if not names:
+        return None
+    files = [VectorFile(Path(folder) / n) for n in names]
+    return files[0] if len(files) == 1 else Stacked(files)
+
+
+def kept_name(name: str, seg_id: int) -> str:
+    """The name of a vector file `name` rewritten in the list order of merged segment seg_id
+    (keep_in_place): `vectors.<first>.<seg_id>.vec`, <first> the segment that wrote its rows."""
+    return f"vectors.{name.split('.')[1]}.{seg_id}.vec"
+
+
 def _vectors_at(n: int, ordered: bool = False) -> int:
     return -(-(HEAD + (12 if ordered else 8) * n) // 64) * 64
 
@@ -159,6 +182,36 @@ def reorder(path: Path, lists: Iterable[np.ndarray]) -> "VectorFile":
     write_ordered(tmp, old.ids, old.dim, order, rows_at, old.storage)
     os.replace(tmp, path)
     return VectorFile(path)
+
+
+def in_order(vf: "VectorFile", order: np.ndarray) -> bool:
+    """Whether vf keeps its rows in `order` (positions into its sorted ids, as list_order())."""
+    return vf.ordered and len(order) == len(vf) and bool(np.array_equal(vf._row_of[order], np.arange(len(vf))))
+
+
+def read_whole(vf: "VectorFile") -> tuple[np.ndarray, np.ndarray]:
+    """(ids, rows) of every row of vf in the order it stores them, read with one forward sweep
+    into this process's memory (rows float16 or float32, as stored)."""
+    rows = vf._read_all()
+    if vf._row_of is None:
+        return vf.ids.copy(), rows
+    id_of_row = np.empty(len(vf), np.int64)
+    id_of_row[vf._row_of] = vf.ids
+    return id_of_row, rows
+
+
+def rewrite(vf: "VectorFile", rows: np.ndarray, path: Path, order: np.ndarray) -> None:
+    """Write vf's rows (`rows`: read_whole()'s, in vf's order) to a new file at path with its
+    rows in `order` (positions into vf's sorted ids), in vf's storage; fsynced."""
+    if vf._row_of is None:  # id order: position p is row p
+        def rows_at(pos: np.ndarray) -> np.ndarray:
+            return rows[pos]
+    else:
+        at_row = np.asarray(vf._row_of, np.int64)
+
+        def rows_at(pos: np.ndarray) -> np.ndarray:
+            return rows[at_row[pos]]
+    write_ordered(path, vf.ids, vf.dim, order, rows_at, vf.storage)
 
 
 def write_batches(path: Path, ids: np.ndarray, dim: int, batches: Iterable[np.ndarray], storage: str | None = None) -> None:
@@ -463,6 +516,32 @@ class Stacked:
 
     def __len__(self) -> int:
         return len(self.ids)
+
+    @property
+    def ordered(self) -> bool:
+        return all(f.ordered for f in self.files)
+
+    @property
+    def matrix(self) -> np.ndarray:
+        return np.concatenate([f.matrix for f in self.files])
+
+    def bounds(self, j: int) -> tuple[int, int]:
+        """The positions (into `ids`) of file j's ids."""
+        a = int(self._starts[j])
+        return a, a + len(self.files[j])
+
+    def replace(self, j: int, vf: VectorFile) -> None:
+        """File j replaced by vf, which holds the same ids (its rows in another order): the old
+        one is let go of here."""
+        if not np.array_equal(vf.ids, self.files[j].ids):
+            raise ValueError(f"{vf.path.name} does not hold the ids of {self.files[j].path.name}")
+        self.files[j] = vf
+
+    def found(self, ids) -> tuple[np.ndarray, np.ndarray]:
+        ids = np.unique(np.asarray(list(ids) if not isinstance(ids, np.ndarray) else ids, np.int64))
+        at, held = self._pos(ids)
+        at = at[held]
+        return self.ids[at].copy(), self.at_positions(at)
 
     def at_positions(self, pos: np.ndarray, sweep: bool = False) -> np.ndarray:
         pos = np.asarray(pos, np.int64)
