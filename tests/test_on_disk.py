@@ -361,6 +361,56 @@ def test_a_vector_file_in_list_order_reads_like_one_in_id_order(tmp_path, ids, s
     assert c.ordered and np.array_equal(c.get(ask), b.get(ask)) and not (tmp_path / "a.vec.tmp").exists()
 
 
+@pytest.mark.parametrize("storage", ["fp32", "fp16"])
+@pytest.mark.parametrize("consecutive", [False, True])
+def test_vector_files_read_as_one_answer_like_one_file(tmp_path, storage, consecutive):
+    """Several files of increasing id ranges, some in id order, some list by list, some rewritten
+    from another's rows (vecfile.Stacked: a long run's merged segment, format 10) give every
+    reader what one file of all the rows gives: by id, found, gathered for re-ranking, in
+    batches, sampled, in the order stored; a file is replaced only by one of the same ids."""
+    rng = np.random.default_rng(5)
+    ids = np.arange(40, 3040) if consecutive else np.sort(rng.choice(100_000, 3000, replace=False)).astype(np.int64)
+    x = rng.standard_normal((len(ids), 8)).astype(np.float32)
+    vecfile.write(tmp_path / "all.vec", ids, x, storage)
+    one = vecfile.VectorFile(tmp_path / "all.vec")
+    cuts = [0, 700, 701, 2100, 3000]
+    files = []
+    for j, (a, b) in enumerate(zip(cuts[:-1], cuts[1:])):
+        order = vecfile.list_order(ids[a:b], np.array_split(rng.permutation(ids[a:b]), 7)) if j % 2 else None
+        vecfile.write(tmp_path / f"vectors.{j + 1}.vec", ids[a:b], x[a:b], storage, order=order)
+        files.append(vecfile.VectorFile(tmp_path / f"vectors.{j + 1}.vec"))
+    st = vecfile.Stacked(files)
+    assert len(st) == len(one) and np.array_equal(st.ids, one.ids) and st.bounds(2) == (701, 2100)
+    ask = rng.choice(ids, 500)
+    assert np.array_equal(st.get(ask), one.get(ask)) and st.get(np.r_[ask, 100_001]) is None and st.get(np.r_[ask, -1]) is None
+    assert (st._first is not None) == consecutive
+    pos = rng.choice(len(ids), 400)
+    assert np.array_equal(st.at_positions(pos), one.at_positions(pos))
+    assert all(np.array_equal(u, v) for u, v in zip(st.found(np.r_[ask, -3]), one.found(np.r_[ask, -3])))
+    for asked in (ask, ask[:1], np.sort(ask)[:300]):  # scattered, one, runs of close rows
+        got_ids, got = st.get_file_order(asked)
+        assert sorted(got_ids.tolist()) == sorted(asked.tolist()) and np.array_equal(got, one.get(got_ids))
+    assert st.get_file_order(np.r_[ask, 100_001]) is None
+    (ia, va), (ib, vb) = ([np.concatenate(x) for x in zip(*src.iter(333))] for src in (st, one))
+    assert np.array_equal(ia, ib) and np.array_equal(va, vb)  # (batches end where a file does)
+    stored = list(st.iter_stored(333))
+    sid = np.concatenate([i for i, _ in stored])
+    assert np.array_equal(np.sort(sid), ids) and np.array_equal(np.concatenate([v for _, v in stored]), one.get(sid))
+    # file 3 rewritten from its rows read whole, list by list
+    f = files[2]
+    order = vecfile.list_order(f.ids, np.array_split(rng.permutation(f.ids), 5))
+    assert not vecfile.in_order(f, order)
+    got_ids, rows = vecfile.read_whole(f)
+    assert np.array_equal(np.sort(got_ids), f.ids)
+    vecfile.rewrite(f, rows, tmp_path / vecfile.kept_name(f.path.name, 9), order)
+    new = vecfile.VectorFile(tmp_path / "vectors.3.9.vec")
+    assert vecfile.in_order(new, order) and new.storage == storage
+    st.replace(2, new)
+    assert np.array_equal(st.get(ask), one.get(ask)) and st.files[2] is new
+    with pytest.raises(ValueError):
+        st.replace(1, new)  # other ids: refused
+
+
 def test_a_fastscan_segment_keeps_each_lists_rows_together(fastscan):
     """The vector file of an IVF fast-scan segment is written list by list: the candidates one
     probed list gives a re-ranking are one run of rows."""

@@ -499,10 +499,10 @@ class Sampled:
 
 class Stacked:
     """Several vector files of increasing id ranges, every row of each, read as one store in id
-    order: the segments a long run published, which the merge at its end indexes and then writes
-    once, list by list (write_ordered), instead of copying them in id order first and rewriting
-    that copy list by list (at 10M chunks: a 7.7 GB copy and 130 s, docs/benchmarks.md). What
-    VectorIndex.build/fill/tune and the merge ask of a store."""
+    order: the segments a long run published, which the merge at its end indexes, and then the
+    merged segment's own vectors (format 10: those files kept in place, each in the merged
+    index's list order; store/keepvecs.py), which its re-ranking reads a file at a time. What
+    VectorIndex.build/fill/tune/search, the merge and a segment's readers ask of a store."""
 
     def __init__(self, files: list[VectorFile]):
         if not files:
@@ -513,6 +513,8 @@ class Stacked:
             raise ValueError("stacked vector files must hold increasing id ranges")
         self._starts = np.cumsum([0] + [len(f) for f in files[:-1]]).astype(np.int64)
         self.dim, self.storage = files[0].dim, files[0].storage
+        n = len(self.ids)  # consecutive ids: positions by offset, as VectorFile (no search through 10M ids a query)
+        self._first = int(self.ids[0]) if n and int(self.ids[-1]) - int(self.ids[0]) == n - 1 else None
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -545,15 +547,24 @@ class Stacked:
 
     def at_positions(self, pos: np.ndarray, sweep: bool = False) -> np.ndarray:
         pos = np.asarray(pos, np.int64)
-        which = np.searchsorted(self._starts, pos, "right") - 1
+        order = np.argsort(pos, kind="stable")
+        at = pos[order]
+        cuts = np.searchsorted(at, self._starts[1:]).tolist() + [len(at)]  # each file's share of the sorted positions
         out = np.empty((len(pos), self.dim), np.float32)
-        for j in np.unique(which):
-            m = which == j
-            out[m] = self.files[j].at_positions(pos[m] - self._starts[j], sweep or getattr(self, "_sweeping", False))
+        sweep = sweep or getattr(self, "_sweeping", False)
+        a = 0
+        for j, b in enumerate(cuts):
+            if b > a:
+                out[order[a:b]] = self.files[j].at_positions(at[a:b] - self._starts[j], sweep)
+            a = b
         return out
 
     def _pos(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         ids = np.asarray(ids, np.int64)
+        if self._first is not None:
+            at = ids - self._first
+            held = (at >= 0) & (at < len(self.ids))
+            return at.clip(0, len(self.ids) - 1), held
         at = np.searchsorted(self.ids, ids).clip(0, max(len(self.ids) - 1, 0))
         return at, self.ids[at] == ids if len(self.ids) else np.zeros(len(ids), bool)
 
@@ -562,11 +573,55 @@ class Stacked:
         return self.at_positions(at) if held.all() else None
 
     def get_file_order(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """VectorFile.get_file_order over the files: a re-ranking's candidates (those of the few
+        lists it probed, a short run of rows in each file) sorted by file and row, and every run
+        read with one pread, in one pass over all the files (a pass per file cost ~5x the
+        re-ranking at 10M chunks in 40 files: docs/benchmarks.md)."""
         at, held = self._pos(ids)
         if not held.all():
             return None
         order = np.argsort(at, kind="stable")
-        return np.asarray(ids, np.int64)[order], self.at_positions(at[order])
+        at, ids = at[order], np.asarray(ids, np.int64)[order]
+        cuts = np.searchsorted(at, self._starts[1:]).tolist() + [len(at)]
+        key = np.empty(len(at), np.int64)  # file << 32 | row within the file
+        a = 0
+        for j, b in enumerate(cuts):
+            if b > a:
+                f, local = self.files[j], at[a:b] - self._starts[j]
+                key[a:b] = (local if f._row_of is None else f._row_of[local].astype(np.int64)) + (j << 32)
+            a = b
+        by_row = np.argsort(key, kind="stable")
+        key = key[by_row]
+        return ids[by_row], self._read_keys(key)
+
+    def _read_keys(self, key: np.ndarray) -> np.ndarray:
+        """The float32 rows at sorted keys (file << 32 | row), each run of close rows of one file
+        read with one pread (VectorFile.read_rows' runs, across files)."""
+        if (not len(key) or not hasattr(os, "preadv") or any(getattr(f, "_fh", None) is None for f in self.files)
+                or len({f._rows.dtype for f in self.files}) > 1):
+            return self._gather(key)
+        cuts = np.flatnonzero(np.diff(key) > _GAP) + 1  # (a new file is a jump of 2^32)
+        starts, ends = key[np.r_[0, cuts]], key[np.r_[cuts - 1, len(key) - 1]] + 1
+        width = self.files[0]._rows.dtype.itemsize * self.dim
+        buf = np.empty((int((ends - starts).sum()), self.dim), self.files[0]._rows.dtype)
+        view, at = memoryview(buf).cast("B"), 0
+        firsts = [_vectors_at(len(f.ids), f.ordered) for f in self.files]
+        for a, b in zip(starts.tolist(), ends.tolist()):
+            j, r = a >> 32, a & 0xFFFFFFFF
+            want = (b - a) * width
+            if os.preadv(self.files[j]._fh.fileno(), [view[at : at + want]], firsts[j] + r * width) != want:
+                raise ValueError(f"{self.files[j].path.name}: truncated (a read of rows {r}-{r + b - a} came short)")
+            at += want
+        offs = np.r_[0, np.cumsum(ends - starts)[:-1]]
+        run = np.searchsorted(starts, key, "right") - 1
+        return widen(buf if len(key) == len(buf) else buf[offs[run] + key - starts[run]])
+
+    def _gather(self, key: np.ndarray) -> np.ndarray:
+        out = np.empty((len(key), self.dim), np.float32)
+        for j in np.unique(key >> 32).tolist():
+            m = (key >> 32) == j
+            out[m] = widen(self.files[j]._rows[key[m] & 0xFFFFFFFF])
+        return out
 
     def iter(self, batch: int = 8192, keep=None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         for f in self.files:
