@@ -139,6 +139,34 @@ def test_write_merged_is_the_file_of_the_merged_rows(tmp_path, monkeypatch, seed
     same_arrays(fresh, lexical.open_file(tmp_path / "merged.bin"))
 
 
+@pytest.mark.parametrize("batch,span", [(128, 128), (1000, 256), (1 << 18, 1 << 18)])
+def test_a_merge_of_disjoint_parts_without_deletions_places_each_posting_and_writes_the_same_file(
+        tmp_path, monkeypatch, batch, span):
+    """A long run's final merge (segments in increasing id ranges, nothing deleted) places each
+    posting by the counts (_Merge._placed) instead of sorting by term: byte for byte the file of
+    the merged rows inverted afresh, whatever the batch and span (long lists written in pieces)."""
+    monkeypatch.setattr(lexical.writing, "BATCH", batch)
+    monkeypatch.setattr(lexical.writing, "SPAN", span)
+    placed, real = [], lexical.writing._Merge._placed
+    monkeypatch.setattr(lexical.writing._Merge, "_placed", lambda self, w, pieces: placed.append(len(pieces)) or real(self, w, pieces))
+    rng = np.random.default_rng(batch)
+    parts, every = [], []
+    first = 0
+    for j, n in enumerate((700, 1, 0, 1500, 300)):
+        ids, blobs, lens = rows(rng, n, first, long=j == 3)
+        first += 2 * n + 3
+        every.append((ids, blobs, lens))
+        p = Postings.from_rows(ids, blobs, lens)
+        lexical.write_file(tmp_path / f"part{j}.bin", p)
+        parts.append((lexical.open_file(tmp_path / f"part{j}.bin"), np.zeros(0, np.int64)))
+    fresh = Postings.from_rows(np.concatenate([i for i, _, _ in every]), [b for _, bs, _ in every for b in bs],
+                               np.concatenate([x for _, _, x in every]))
+    lexical.write_file(tmp_path / "fresh.bin", fresh)
+    lexical.write_merged(tmp_path / "merged.bin", parts)
+    assert placed and max(placed) > 1  # the steps placed postings of several parts
+    assert (tmp_path / "merged.bin").read_bytes() == (tmp_path / "fresh.bin").read_bytes()
+
+
 def synthetic(rng, n: int, terms: int, nnz: int, first_id: int) -> Postings:
     """Posting arrays of n rows with about nnz postings, built directly (a Zipf-like spread)."""
     p = 1 / np.arange(1, terms + 1) ** 0.8

@@ -14,6 +14,7 @@ from semsearch.store.lexical.postings import (
 
 
 BATCH = 1 << 18  # postings encoded or merged at a time: what bounds a write's heap (a merge of 17M postings: 18.5 MB)
+MERGE_STEP = 4  # a merge's step: about this many BATCHes of postings, shared among its parts
 SPAN = 1 << 18  # a term's blocks share one width per SPAN postings (all of them, but for the longest lists)
 
 
@@ -328,12 +329,16 @@ class _Merge:
 
     def __init__(self, parts: list[Postings], dead: list[np.ndarray], offsets: np.ndarray, order: _Order | None = None):
         self.parts, self.dead, self.offsets, self.order = parts, dead, offsets, order
+        # each part's row lengths, copied out of its map once: every step looks up its postings'
+        # rows at random, and the step's release() of the map's pages would fault them in again
+        # (4 bytes a row: 40 MB at 10M chunks)
+        self.lengths = [np.array(p.lengths, np.float32) for p in parts]
         self.cursor = [0] * len(parts)
-        self.share = max(BATCH // max(len(parts), 1), BLOCK)
+        self.share = max(MERGE_STEP * BATCH // max(len(parts), 1), BLOCK)
 
     def _live(self, j: int, lo: int, hi: int, terms: tuple[int, int] | None = None):
         """_live_postings of part j, its rows numbered as the merged file numbers them."""
-        got = _live_postings(self.parts[j], self.dead[j], int(self.offsets[j]), lo, hi, terms)
+        got = _live_postings(self.parts[j], self.dead[j], int(self.offsets[j]), lo, hi, terms, self.lengths[j])
         if self.order is not None:
             got = (self.order.place[j][got[0] - int(self.offsets[j])],) + tuple(got[1:])
         return got
@@ -413,19 +418,25 @@ class _Merge:
 
     def _term_range(self, w: _Writer, bound: int | None) -> None:
         """Every part's terms below `bound` (None: all the rest), merged by term."""
-        hs, rs, ts, ls = [], [], [], []
+        pieces = []
         for j, p in enumerate(self.parts):
             v = self.cursor[j]
             e = len(p.vocab) if bound is None else int(np.searchsorted(p.vocab, bound))
-            if e <= v:
-                continue
+            if e > v:
+                pieces.append((j, v, e))
+                self.cursor[j] = e
+        if not pieces:
+            return
+        if self.order is None and not any(len(self.dead[j]) for j, _, _ in pieces):
+            self._placed(w, pieces)
+            return
+        hs, rs, ts, ls = [], [], [], []
+        for j, v, e in pieces:
+            p = self.parts[j]
             lo, hi = int(p.indptr[v]), int(p.indptr[e])
             r, t, ln, h = self._live(j, lo, hi, (v, e))
             for out, x in zip((hs, rs, ts, ls), (h, r, t, ln)):
                 out.append(x)
-            self.cursor[j] = e
-        if not hs:
-            return
         h = np.concatenate(hs)
         if self.order is None:
             order = np.argsort(h, kind="stable")  # parts in order, rows sorted within each: each term's rows sorted
@@ -438,12 +449,45 @@ class _Merge:
         w.terms(u, counts, np.concatenate(rs)[order], np.concatenate(ts)[order], np.concatenate(ls)[order])
 
 
-def _live_postings(p: Postings, dead: np.ndarray, offset: int, lo: int, hi: int, terms: tuple[int, int] | None = None):
+    def _placed(self, w: _Writer, pieces: list[tuple[int, int, int]]) -> None:
+        """_term_range where nothing is deleted and each part's rows follow the last part's (a
+        long run's final merge): the merged terms are the union of the parts', and each part's
+        postings of a term go after the earlier parts' ones, so each posting's place is known
+        from the counts alone and is written there, without sorting the step's postings by term
+        (the stable argsort and the unique over them were most of a 10M-chunk build's ~300 s
+        merge of its posting files: docs/benchmarks.md)."""
+        vocs = [self.parts[j].vocab[v:e] for j, v, e in pieces]
+        terms = np.unique(np.concatenate(vocs)) if len(vocs) > 1 else np.asarray(vocs[0], np.int64)
+        per = np.zeros((len(pieces), len(terms)), np.int64)  # each part's postings of each merged term
+        slots = []
+        for i, ((j, v, e), voc) in enumerate(zip(pieces, vocs)):
+            slots.append(np.searchsorted(terms, voc))
+            per[i, slots[-1]] = np.diff(self.parts[j].indptr[v : e + 1])
+        counts = per.sum(axis=0)
+        base = np.cumsum(per, axis=0) - per  # where a part's postings of a term start among the term's
+        base += np.concatenate([[0], np.cumsum(counts)[:-1]])
+        n = int(counts.sum())
+        rows, tfs, lens = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.float32)
+        for i, (j, v, e) in enumerate(pieces):
+            p = self.parts[j]
+            ptr = p.indptr[v : e + 1]
+            lo, hi = int(ptr[0]), int(ptr[-1])
+            r, t = p.span(lo, hi)
+            at = np.repeat(base[i, slots[i]] - (ptr[:-1] - lo), np.diff(ptr))
+            at += np.arange(hi - lo)
+            rows[at] = r + int(self.offsets[j])
+            tfs[at] = t
+            lens[at] = self.lengths[j][r]
+        w.terms(terms, counts, rows, tfs, lens)
+
+
+def _live_postings(p: Postings, dead: np.ndarray, offset: int, lo: int, hi: int, terms: tuple[int, int] | None = None,
+                   lengths: np.ndarray | None = None):
     """(new rows, tfs, row lengths[, term hash of each]) of postings lo:hi of p without the
     postings of dead rows, rows renumbered past `offset` as the merged file numbers them."""
     rows, tfs = p.span(lo, hi)
     rows = rows.astype(np.int64)
-    lens = p.lengths[rows]
+    lens = (p.lengths if lengths is None else lengths)[rows]
     h = np.repeat(p.vocab[terms[0]:terms[1]], np.diff(p.indptr[terms[0]:terms[1] + 1])) if terms else None
     if len(dead):
         k = np.searchsorted(dead, rows)
