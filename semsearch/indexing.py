@@ -8,7 +8,6 @@ import os
 import sqlite3
 import threading
 import time
-from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +35,6 @@ from semsearch.store.manifest import Manifest
 
 log = logging.getLogger(__name__)
 
-IN_FLIGHT = 2  # batches handed to the encoding thread and not yet written (_Updating)
 AHEAD_SAMPLE = 200_000  # vectors a quantizer trained beside a long run takes (VectorIndex.build's sample)
 SEGMENT_CHUNKS = 250_000  # a local run publishes a segment each time it has written this many new chunks
 
@@ -698,11 +696,9 @@ class _Updating:
     writes the batch before it (term analysis, SQLite, the vector file) and reads and chunks the
     files after it meanwhile, so a build takes about its slower side's time, not the sum (a GPU,
     or the int8 and bf16 kernels, release the GIL while they run). Batches are written in the
-    order they were read, so chunk ids are what a run without the thread gives. Up to IN_FLIGHT
-    batches are handed to the thread and not yet written: with one, any pause of this thread (a
-    SQLite commit, a file slow to read) left the encoder idle, which a GPU-fast encoder showed
-    (docs/benchmarks.md); everything that touches the store (a file dropped part way, a roll,
-    the run's end) first waits for them all (`flush(wait=True)`)."""
+    order they were read, so chunk ids are what a run without the thread gives. Only one batch is
+    in the thread at a time, and everything that touches the store (a file dropped part way, a
+    roll, the run's end) first waits for it (`flush(wait=True)`)."""
 
     def __init__(self, writer, encoder, chunking, read, report, flush_chunks, keep_states, cache):
         self.encoder, self.chunking, self.read, self.report = encoder, chunking, read, report
@@ -711,7 +707,7 @@ class _Updating:
         self.written = 0
         self.pending: list[ChunkRow] = []
         self._pool = None  # the encoding thread, started at the first batch
-        self._inflight: deque = deque()  # (chunks, the future of their vectors [and states]), oldest first
+        self._inflight = None  # (chunks, the future of their vectors [and states])
         self.ahead: reader.ReadAhead | None = None  # the reader process, where the run has one
         self.lookahead: Lookahead | None = None  # the file read and encoded during the last roll
 
@@ -755,8 +751,8 @@ class _Updating:
                 if self._pool is None:
                     self._pool = ThreadPoolExecutor(1, thread_name_prefix="semsearch-encode")
                 future = self._pool.submit(self._embed, texts, keys)
-                self._write_inflight(keep=IN_FLIGHT - 1)
-            self._inflight.append((batch, future))
+                self._write_inflight()
+            self._inflight = (batch, future)
         if wait:
             self._write_inflight()
 
@@ -788,18 +784,19 @@ class _Updating:
             return vecs, None, new
         return encoder.encode(texts, progress=False), None, []
 
-    def _write_inflight(self, keep: int = 0) -> None:
-        """Write the batches handed to the encoding thread, oldest first, until `keep` are left."""
-        while len(self._inflight) > keep:
-            batch, future = self._inflight.popleft()
-            vecs, states, new = future.result()
-            if states is not None:
-                for c, (st, tb) in zip(batch, states):
-                    c.state = self.writer.append_states(st, tb)
-            self.writer.vectors.add(self.store.add_chunks(batch, vecs), vecs)
-            if new:
-                self.cache.put(new)
-            self.report.chunks += len(batch)
+    def _write_inflight(self) -> None:
+        if self._inflight is None:
+            return
+        batch, future = self._inflight
+        self._inflight = None
+        vecs, states, new = future.result()
+        if states is not None:
+            for c, (st, tb) in zip(batch, states):
+                c.state = self.writer.append_states(st, tb)
+        self.writer.vectors.add(self.store.add_chunks(batch, vecs), vecs)
+        if new:
+            self.cache.put(new)
+        self.report.chunks += len(batch)
 
     def close(self) -> None:
         """Stop the encoding thread, once the batch it holds (if a failure left one) is encoded,

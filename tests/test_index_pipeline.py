@@ -81,28 +81,6 @@ def test_files_are_read_and_chunked_while_a_batch_is_encoded(tmp_path):
     assert len(threaded.overlapped) >= 1 and not sequential.overlapped
 
 
-@pytest.mark.parametrize("depth", [1, 2, 3])
-def test_batches_waiting_in_the_encoding_thread_change_nothing_written(tmp_path, monkeypatch, depth):
-    """Up to IN_FLIGHT batches are handed to the encoding thread before the oldest is written
-    (so a pause of the writing side does not leave the encoder idle); written in their order,
-    the index is the one a build without the thread writes."""
-    monkeypatch.setattr(indexing, "IN_FLIGHT", depth)
-    waiting, real = [], indexing._Updating._write_inflight
-
-    def spy(self, keep=0):
-        waiting.append(len(self._inflight))
-        return real(self, keep)
-
-    monkeypatch.setattr(indexing._Updating, "_write_inflight", spy)
-    src = write_corpus(tmp_path / "c")
-    index_corpus(src, tmp_path / "a", FakeEncoder(), flush_chunks=7, progress=False)
-    assert max(waiting) == depth
-    index_corpus(src, tmp_path / "b", Sequential(), flush_chunks=7, progress=False)
-    (ra, va, fa), (rb, vb, fb) = dump(tmp_path / "a"), dump(tmp_path / "b")
-    assert ra == rb and fa == fb and len(ra) > 300
-    np.testing.assert_allclose(va, vb, atol=1e-6)
-
-
 @pytest.mark.parametrize("flush", [1, 7, 64])
 def test_the_threaded_build_writes_what_the_sequential_one_does(tmp_path, flush):
     src = write_corpus(tmp_path / "c")
