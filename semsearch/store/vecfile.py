@@ -547,6 +547,11 @@ class Stacked:
 
     def at_positions(self, pos: np.ndarray, sweep: bool = False) -> np.ndarray:
         pos = np.asarray(pos, np.int64)
+        if not (sweep or getattr(self, "_sweeping", False)):  # a query's rows: one pass over the files
+            perm, key = self._keys(pos)
+            out = np.empty((len(pos), self.dim), np.float32)
+            out[perm] = self._read_keys(key)
+            return out
         order = np.argsort(pos, kind="stable")
         at = pos[order]
         cuts = np.searchsorted(at, self._starts[1:]).tolist() + [len(at)]  # each file's share of the sorted positions
@@ -580,10 +585,16 @@ class Stacked:
         at, held = self._pos(ids)
         if not held.all():
             return None
+        perm, key = self._keys(at)
+        return np.asarray(ids, np.int64)[perm], self._read_keys(key)
+
+    def _keys(self, at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(perm, key): the positions `at` sorted by file and row within it, as keys (file << 32
+        | row), and the index into `at` of each."""
         order = np.argsort(at, kind="stable")
-        at, ids = at[order], np.asarray(ids, np.int64)[order]
+        at = at[order]
         cuts = np.searchsorted(at, self._starts[1:]).tolist() + [len(at)]
-        key = np.empty(len(at), np.int64)  # file << 32 | row within the file
+        key = np.empty(len(at), np.int64)
         a = 0
         for j, b in enumerate(cuts):
             if b > a:
@@ -591,8 +602,7 @@ class Stacked:
                 key[a:b] = (local if f._row_of is None else f._row_of[local].astype(np.int64)) + (j << 32)
             a = b
         by_row = np.argsort(key, kind="stable")
-        key = key[by_row]
-        return ids[by_row], self._read_keys(key)
+        return order[by_row], key[by_row]
 
     def _read_keys(self, key: np.ndarray) -> np.ndarray:
         """The float32 rows at sorted keys (file << 32 | row), each run of close rows of one file
