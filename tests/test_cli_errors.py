@@ -385,7 +385,7 @@ def test_index_of_another_format_version(idx, built):
     snap = snapshot(idx)
 
     expected = (
-        f"{idx} was written by index format version 999; this semsearch reads versions 1, 2, 3, 4, 5, 6, 7, 8, 9. "
+        f"{idx} was written by index format version 999; this semsearch reads versions 1, 2, 3, 4, 5, 6, 7, 8, 9, 10. "
         f"Rebuild it with `semsearch index CORPUS --index {idx} --rebuild`."
     )
     for args in (["query", "loan", "--index", idx, "--device", "cpu"], ["info", "--index", idx]):
