@@ -13,6 +13,10 @@
 #   (no mode)      stage; check the parts; unpack to $PAYLOAD; install the wheels into
 #                  $PAYLOAD/site (pip --target: the machine's Python is not changed); run the grid
 #                  of scripts/gpu_train_sweep.py (its GRID, in priority order) within the budget
+#   --bench-build  stage, check, unpack and install as above, then instead of the grid run
+#                  scripts/bench/bench_build.py with the real model on the GPU, each build pinned
+#                  to cores 0,1 (the 2 cores the build's figures are asked for); options after --
+#                  go to bench_build.py (e.g. -- --chunks 300000 --rounds 1)
 # Options:
 #   --skip-install do not install the wheels (the Python here has them; for a check on a CPU)
 #   --budget S     seconds for the grid, indexing included (default 480); it is also cut so that
@@ -35,11 +39,12 @@ while [ $# -gt 0 ]; do
     case "$1" in
         --prepare) MODE=prepare ;;
         --stage) MODE=stage ;;
+        --bench-build) MODE=build ;;
         --skip-install) SKIP_INSTALL=1 ;;
         --budget) BUDGET="$2"; shift ;;
         --total) TOTAL="$2"; shift ;;
         --) shift; SWEEP_ARGS=("$@"); break ;;
-        -h|--help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
     esac
     shift
@@ -203,6 +208,13 @@ fi
 export PYTHONPATH=$REPO:$PAYLOAD/site${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 export SEMSEARCH_CACHE=${SEMSEARCH_CACHE:-$(mktemp -d)}
+if [ "$MODE" = build ]; then
+    "$PYTHON" scripts/bench/bench_build.py --encoder model --device cuda --cpus 0,1 --keep /tmp/semsearch-scale "${SWEEP_ARGS[@]}" 2>&1 \
+        | tee -a "$OUT/log.txt" | grep -v -e "^ *[0-9]* ms  " -e "^ModuleNotFoundError" | tee "$OUT/summary.md"
+    rc=${PIPESTATUS[0]}
+    echo "total: $(( $(date +%s) - START )) s" | tee -a "$OUT/log.txt"
+    exit "$rc"
+fi
 left=$((TOTAL - ($(date +%s) - START) - 20))  # 20 s for stopping runs and writing the summary
 [ "$left" -lt "$BUDGET" ] && BUDGET=$left
 echo "grid budget: $BUDGET s" | tee -a "$OUT/log.txt"
