@@ -294,6 +294,63 @@ def test_tune_raises_k_factor_where_the_probed_lists_hold_the_neighbours():
     assert refine_depth(100, 100, 10**7) == 1090 and refine_depth(10, 300, 10**7) == 3000 and refine_depth(5, 100, 50) == 50
 
 
+def test_tune_probes_past_the_last_step_up_to_every_list(monkeypatch):
+    """Vectors without clusters scatter a query's neighbours over the lists: where the largest
+    nprobe step (1,024; 4 here) holds too few of them and the index has more lists, the tuner
+    goes on doubling up to every list instead of stopping below the target (a 417k-chunk build
+    of the real model's vectors of synthetic text: 0.775 at nprobe 1,024 of 2,583 lists)."""
+    import semsearch.store.vectors as vectors
+    from semsearch.store.vectors import VectorIndex, exact_knn, nprobe_steps, tune
+
+    assert nprobe_steps(2583)[-4:] == [512, 1024, 2048, 2583] and nprobe_steps(1024)[-1] == 1024
+    assert nprobe_steps(12)[-1] == 12 and nprobe_steps(1) == [1] and nprobe_steps(16)[-1] == 16
+    rng = np.random.default_rng(5)
+    n, d = 8_000, 32
+    x = rng.normal(size=(n, d)).astype(np.float32)  # no clusters
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    ids = np.arange(1, n + 1, dtype=np.int64)
+    pick = np.sort(rng.choice(n, 200, replace=False))
+    exact = exact_knn(x[pick], iter([(ids, x)]), 10, ids[pick])
+    monkeypatch.setitem(vectors.KNOB_STEPS, "nprobe", [1, 2, 4])
+    assert nprobe_steps(32) == [1, 2, 4, 8, 16, 32]
+    for kind in ("ivf", "ivf-fastscan"):
+        vi = VectorIndex.build(d, kind, iter([(ids, x)]), n, {"nlist": 32})
+        got = tune(vi, x[pick], exact, 10, 0.95, ids[pick])
+        assert got["lower"] >= 0.95 and got["value"] > 4, (kind, got)
+        assert vi.params["nprobe"] == got["value"]
+
+
+def test_tune_stops_raising_k_factor_where_recall_no_longer_grows(monkeypatch):
+    """Each k_factor step re-ranks more rows from the vector file (10,000 a query at 1,000): where
+    a raise finds next to nothing more (recall up by less than PLATEAU), the tuner stops raising
+    at that nprobe instead of trying every step (a 417k-chunk build: 146 s of trials, still short)."""
+    import semsearch.store.vectors as vectors
+    from semsearch.store.vectors import K_FACTOR_STEPS, PLATEAU, VectorIndex, exact_knn, tune
+
+    rng = np.random.default_rng(6)
+    n, d = 4_000, 32
+    x = rng.normal(size=(n, d)).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    ids = np.arange(1, n + 1, dtype=np.int64)
+    vi = VectorIndex.build(d, "ivf-fastscan", iter([(ids, x)]), n, {"nlist": 8})
+    pick = np.sort(rng.choice(n, 100, replace=False))
+    exact = exact_knn(x[pick], iter([(ids, x)]), 10, ids[pick])
+    real, tried = vectors._trial, []
+    gains = iter([0.70, 0.80, 0.80 + PLATEAU / 2, 0.99, 0.99])  # a plateau after the second raise
+
+    def trial(vi, queries, exact_ids, k, target, self_ids, value, k_factor=None):
+        got = real(vi, queries, exact_ids, k, target, self_ids, value, k_factor)  # the real search
+        tried.append((value, k_factor))
+        r = next(gains) if value == 8 else 0.0
+        return {**got, "recall": r, "lower": r - 0.01}
+
+    monkeypatch.setattr(vectors, "_trial", trial)
+    monkeypatch.setattr(vectors, "_probed_share", lambda vi, q, e, nprobe, lists=None: 1.0 if nprobe == 8 else 0.5)
+    got = tune(vi, x[pick], exact, 10, 0.95, ids[pick])
+    assert tried == [(8, f) for f in K_FACTOR_STEPS[:3]], tried  # not the 4th step, which would have met it
+    assert got["recall"] == pytest.approx(0.80 + PLATEAU / 2) and vi.params["nprobe"] == 8
+
+
 def test_tune_keeps_the_cheapest_fast_scan_setting_whose_recall_meets_the_target_with_confidence():
     """Of every (nprobe, k_factor) on the tuner's steps, it keeps the one that costs least (codes
     scanned, rows re-ranked) among those whose recall's lower 95% bound over the queries meets
