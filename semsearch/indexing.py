@@ -8,7 +8,6 @@ import os
 import sqlite3
 import threading
 import time
-from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +24,7 @@ from semsearch.encoder.tokens import token_table
 from semsearch.encoder.models import weight_stats
 from semsearch.engines import reader
 from semsearch.engines.chunks import file_chunks
-from semsearch.engines.lookahead import MAX_CHUNKS as LOOKAHEAD_CHUNKS, Lookahead
+from semsearch.engines.lookahead import Lookahead
 from semsearch.engines.reader import Opened, offsets_of
 from semsearch.engines.register import drop_file, drop_gone, replace_file, same_stat
 from semsearch.errors import CorpusError, InputError, SettingsMismatch
@@ -36,10 +35,6 @@ from semsearch.store.manifest import Manifest
 
 log = logging.getLogger(__name__)
 
-# Chunks handed to the encoding thread and not yet written (_Updating): enough for the file a roll
-# read ahead (lookahead.MAX_CHUNKS, its vectors ready) and as many of the next file's, so the
-# encoder works on those while this thread writes the first.
-IN_FLIGHT_CHUNKS = 2 * LOOKAHEAD_CHUNKS
 AHEAD_SAMPLE = 200_000  # vectors a quantizer trained beside a long run takes (VectorIndex.build's sample)
 SEGMENT_CHUNKS = 250_000  # a local run publishes a segment each time it has written this many new chunks
 
@@ -701,13 +696,9 @@ class _Updating:
     writes the batch before it (term analysis, SQLite, the vector file) and reads and chunks the
     files after it meanwhile, so a build takes about its slower side's time, not the sum (a GPU,
     or the int8 and bf16 kernels, release the GIL while they run). Batches are written in the
-    order they were read, so chunk ids are what a run without the thread gives. Batches are
-    handed to the thread until IN_FLIGHT_CHUNKS wait to be written, the oldest written only then:
-    after a roll this thread writes the file read ahead during it (its vectors ready, ~8 s for
-    50k chunks) while the encoder already works on the next file's batches, instead of waiting
-    for them (a GPU-fast encoder idled ~7 s a roll: docs/benchmarks.md). Everything that touches
-    the store (a file dropped part way, a roll, the run's end) first waits for them all
-    (`flush(wait=True)`)."""
+    order they were read, so chunk ids are what a run without the thread gives. Only one batch is
+    in the thread at a time, and everything that touches the store (a file dropped part way, a
+    roll, the run's end) first waits for it (`flush(wait=True)`)."""
 
     def __init__(self, writer, encoder, chunking, read, report, flush_chunks, keep_states, cache):
         self.encoder, self.chunking, self.read, self.report = encoder, chunking, read, report
@@ -716,8 +707,7 @@ class _Updating:
         self.written = 0
         self.pending: list[ChunkRow] = []
         self._pool = None  # the encoding thread, started at the first batch
-        self._inflight: deque = deque()  # (chunks, the future of their vectors [and states]), oldest first
-        self._waiting = 0  # chunks in self._inflight
+        self._inflight = None  # (chunks, the future of their vectors [and states])
         self.ahead: reader.ReadAhead | None = None  # the reader process, where the run has one
         self.lookahead: Lookahead | None = None  # the file read and encoded during the last roll
 
@@ -746,9 +736,8 @@ class _Updating:
         self.rolled(writer)
 
     def flush(self, wait: bool = False) -> None:
-        """Hand the pending chunks to the encoding thread, and add the oldest batches handed to
-        it, with their vectors, to the new segment while more than IN_FLIGHT_CHUNKS wait; `wait`:
-        every batch, before returning."""
+        """Hand the pending chunks to the encoding thread, and add the batch before them, with its
+        vectors, to the new segment; `wait`: this batch too, before returning."""
         batch, self.pending = self.pending, []
         if batch:
             texts = [embedding_text(c.context, c.text) for c in batch]  # a chunk's titles, then its text
@@ -762,9 +751,8 @@ class _Updating:
                 if self._pool is None:
                     self._pool = ThreadPoolExecutor(1, thread_name_prefix="semsearch-encode")
                 future = self._pool.submit(self._embed, texts, keys)
-            self._inflight.append((batch, future))
-            self._waiting += len(batch)
-            self._write_inflight(keep=IN_FLIGHT_CHUNKS if overlap_safe(self.encoder) else len(batch))
+                self._write_inflight()
+            self._inflight = (batch, future)
         if wait:
             self._write_inflight()
 
@@ -796,28 +784,27 @@ class _Updating:
             return vecs, None, new
         return encoder.encode(texts, progress=False), None, []
 
-    def _write_inflight(self, keep: int = 0) -> None:
-        """Write the batches handed to the encoding thread, oldest first, while more than `keep`
-        chunks wait (the newest batch always waits where keep > 0)."""
-        while self._inflight and self._waiting > keep and not (keep and len(self._inflight) == 1):
-            batch, future = self._inflight.popleft()
-            self._waiting -= len(batch)
-            vecs, states, new = future.result()
-            if states is not None:
-                for c, (st, tb) in zip(batch, states):
-                    c.state = self.writer.append_states(st, tb)
-            self.writer.vectors.add(self.store.add_chunks(batch, vecs), vecs)
-            if new:
-                self.cache.put(new)
-            self.report.chunks += len(batch)
+    def _write_inflight(self) -> None:
+        if self._inflight is None:
+            return
+        batch, future = self._inflight
+        self._inflight = None
+        vecs, states, new = future.result()
+        if states is not None:
+            for c, (st, tb) in zip(batch, states):
+                c.state = self.writer.append_states(st, tb)
+        self.writer.vectors.add(self.store.add_chunks(batch, vecs), vecs)
+        if new:
+            self.cache.put(new)
+        self.report.chunks += len(batch)
 
     def close(self) -> None:
-        """Stop the encoding thread, once the batch it is at (if a failure left any) is encoded,
+        """Stop the encoding thread, once the batch it holds (if a failure left one) is encoded,
         the look-ahead and the reader process."""
         if self.lookahead is not None:
             self.lookahead.stop()
-        if self._pool is not None:  # (batches not started yet are dropped: a failure ends the run)
-            self._pool.shutdown(wait=True, cancel_futures=True)
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
             self._pool = None
         if self.ahead is not None:
             self.ahead.close()

@@ -70,35 +70,6 @@ class Watched:
             self.encoding = False
 
 
-@pytest.mark.parametrize("depth", [1, 100, 10**6])
-def test_chunks_waiting_in_the_encoding_thread_change_nothing_written(tmp_path, monkeypatch, depth):
-    """Batches go to the encoding thread until IN_FLIGHT_CHUNKS wait to be written (after a roll,
-    the encoder works on the next file while the file read ahead is written); written in their
-    order, the index is the one a build without the thread writes, whatever the depth."""
-    monkeypatch.setattr(indexing, "IN_FLIGHT_CHUNKS", depth)
-    seen, real = [], indexing._Updating._write_inflight
-
-    def spy(self, keep=0):
-        before = len(self._inflight)
-        real(self, keep)
-        seen.append((keep, before, self._waiting, len(self._inflight)))
-        # what is left: nothing (wait), or at most `keep` chunks, or the newest batch alone
-        assert (keep == 0 and not self._inflight) or (keep and (self._waiting <= keep or len(self._inflight) == 1))
-
-    monkeypatch.setattr(indexing._Updating, "_write_inflight", spy)
-    src = write_corpus(tmp_path / "c")
-    index_corpus(src, tmp_path / "a", FakeEncoder(), flush_chunks=7, progress=False)
-    most = max(before for keep, before, _, _ in seen if keep)
-    if depth == 1:  # the batch before is written once the newest is handed over, as before the limit
-        assert most == 2
-    else:  # several batches wait; with room for every chunk, all of them until the end
-        assert most >= 3 and (depth == 100 or max(w for _, _, w, _ in seen) > 300)
-    index_corpus(src, tmp_path / "b", Sequential(), flush_chunks=7, progress=False)
-    (ra, va, fa), (rb, vb, fb) = dump(tmp_path / "a"), dump(tmp_path / "b")
-    assert ra == rb and fa == fb and len(ra) > 300
-    assert np.allclose(va, vb)
-
-
 def test_files_are_read_and_chunked_while_a_batch_is_encoded(tmp_path):
     src = write_corpus(tmp_path / "c", files=6)
     threaded, sequential = Watched(FakeEncoder()), Watched(Sequential())
