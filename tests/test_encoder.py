@@ -196,3 +196,22 @@ def test_the_chunkers_tokenizer_pickles_for_a_reader_process(real_encoder):
     for t in texts:
         assert far(t) == real_encoder.token_offsets(t)
     assert len(far(texts[2])) > real_encoder.max_length
+
+
+def test_batch_tokens_default_to_the_device_and_travel_only_when_asked(real_encoder):
+    """Tokens a batch: 4,096 on the CPU, 65,536 on a GPU (where the CPU's side of each batch
+    limits: docs/gpu.md); a Ray worker's encoder takes its own device's default unless a size
+    was asked for, which it then keeps."""
+    from semsearch.corpus import ReadOptions
+    from semsearch.corpus.chunking import ChunkSettings
+    from semsearch.encoder import Encoder
+    from semsearch.encoder.encoder import default_batch_tokens
+    from semsearch.engines.spec import spec_for
+
+    assert default_batch_tokens("cpu") == 4096 and default_batch_tokens("cuda") == 65536
+    assert default_batch_tokens("cuda:1") == 65536
+    assert real_encoder.batch_tokens == 4096 and real_encoder.batch_tokens_asked is None
+    chunking = ChunkSettings(window=254)
+    assert spec_for(real_encoder, chunking, ReadOptions(), False).batch_tokens is None
+    asked = Encoder(device="cpu", precision="fp32", batch_tokens=300)
+    assert asked.batch_tokens == 300 and spec_for(asked, chunking, ReadOptions(), False).batch_tokens == 300

@@ -37,7 +37,8 @@ from bench_scale import worktree, write_corpus  # noqa: E402
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-def child_build(corpus: Path, index: Path, rate: float, encoder: str = "stand-in", device: str = "auto") -> dict:
+def child_build(corpus: Path, index: Path, rate: float, encoder: str = "stand-in", device: str = "auto",
+                batch_tokens: int | None = None) -> dict:
     import logging
 
     import semsearch.indexing as indexing
@@ -45,20 +46,23 @@ def child_build(corpus: Path, index: Path, rate: float, encoder: str = "stand-in
     # the build's steps (segments published, the final merge's steps) with their time, on stderr
     logging.basicConfig(level=logging.INFO, format="  %(relativeCreated)9.0f ms  %(name)s: %(message)s")
     if encoder == "model":
-        return _model_build(corpus, index, device)
+        return _model_build(corpus, index, device, batch_tokens)
     from synthetic import Corpus, StandInEncoder
 
     class Paced(StandInEncoder):
         """The stand-in, taking len(texts) / rate seconds a batch, the rest asleep (GIL released)."""
 
         spent = 0.0  # seconds in encode, sleep included
+        calls: list = []  # (start, end) of each call, on the log's clock (relativeCreated, s)
 
         def encode(self, texts, progress=None):
             t = time.perf_counter()
+            at = time.time() - logging._startTime
             v = super().encode(texts, progress)
             if rate > 0:
                 time.sleep(max(0.0, len(v) / rate - (time.perf_counter() - t)))
             self.spent += time.perf_counter() - t
+            self.calls.append((at, time.time() - logging._startTime))
             return v
 
     enc = Paced(Corpus())
@@ -66,16 +70,33 @@ def child_build(corpus: Path, index: Path, rate: float, encoder: str = "stand-in
     rep = indexing.index_corpus(corpus, index, enc, progress=False)
     wall = time.perf_counter() - t0
     cpu = sum(ru.ru_utime + ru.ru_stime for ru in (resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)))
+    _idle(sorted(enc.calls))
     return {"seconds": wall, "encode_seconds": enc.spent, "chunks": rep.chunks, "cpu_seconds": cpu}  # CPU: the reader process's too
 
 
-def _model_build(corpus: Path, index: Path, device: str) -> dict:
+def _idle(calls: list) -> None:
+    """Where the encoder waited for work (between its calls, from its first to its last), on
+    stderr: the total by the log's 10-second windows, and the longest waits."""
+    if len(calls) < 2:
+        return
+    gaps = [(b[0] - a[1], a[1]) for a, b in zip(calls, calls[1:]) if b[0] > a[1]]
+    total = sum(g for g, _ in gaps)
+    windows: dict[int, float] = {}
+    for g, at in gaps:
+        windows[int(at // 10) * 10] = windows.get(int(at // 10) * 10, 0.0) + g
+    busy = ", ".join(f"{w}s: {v:.1f}" for w, v in sorted(windows.items()) if v >= 0.5)
+    top = ", ".join(f"{g:.2f} s at {at:.1f} s" for g, at in sorted(gaps, reverse=True)[:8])
+    print(f"  encoder idle {total:.1f} s between {calls[0][0]:.1f} and {calls[-1][1]:.1f} s; by 10-s window (>= 0.5 s): {busy}; "
+          f"longest: {top}", file=sys.stderr, flush=True)
+
+
+def _model_build(corpus: Path, index: Path, device: str, batch_tokens: int | None) -> dict:
     """The same build with the real model (the bundled all-MiniLM-L6-v2) on `device`, the seconds
     inside its encode calls (tokenizing included) counted apart."""
     import semsearch.indexing as indexing
     from semsearch.encoder import Encoder
 
-    enc = Encoder(device=device)
+    enc = Encoder(device=device, **({"batch_tokens": batch_tokens} if batch_tokens else {}))
     spent = [0.0]
     encode = enc.encode
 
@@ -92,7 +113,7 @@ def _model_build(corpus: Path, index: Path, device: str) -> dict:
     wall = time.perf_counter() - t0
     cpu = sum(ru.ru_utime + ru.ru_stime for ru in (resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)))
     return {"seconds": wall, "encode_seconds": spent[0], "chunks": rep.chunks, "cpu_seconds": cpu,
-            "device": enc.device, "precision": enc.precision}
+            "device": enc.device, "precision": enc.precision, "batch_tokens": enc.batch_tokens}
 
 
 def run_child(args: list[str], pythonpath: str | None, cpus: set[int] | None = None) -> dict:
@@ -117,11 +138,12 @@ def main() -> None:
                     help="stand-in: synthetic.py's, paced by --rate; model: the bundled model on --device")
     ap.add_argument("--device", default="auto", help="--encoder model's device (auto: a GPU where there is one)")
     ap.add_argument("--cpus", help="pin each build to these cores, e.g. 0,1")
+    ap.add_argument("--batch-tokens", type=int, help="--encoder model's tokens a batch (default: the Encoder's)")
     ap.add_argument("--child", action="store_true")
     ap.add_argument("rest", nargs="*")
     a = ap.parse_args()
     if a.child:
-        print(json.dumps(child_build(Path(a.rest[0]), Path(a.rest[1]), float(a.rest[2]), a.encoder, a.device)))
+        print(json.dumps(child_build(Path(a.rest[0]), Path(a.rest[1]), float(a.rest[2]), a.encoder, a.device, a.batch_tokens)))
         return
     cpus = {int(c) for c in a.cpus.split(",")} if a.cpus else None
     if a.encoder == "model":
@@ -138,12 +160,12 @@ def main() -> None:
         for label, path in codes:
             index = a.keep / f"build-{a.chunks}-{'current' if path is None else 'baseline'}"
             shutil.rmtree(index, ignore_errors=True)
-            b = run_child(["--encoder", a.encoder, "--device", a.device, str(corpus), str(index), str(a.rate)], path, cpus)
+            b = run_child(["--encoder", a.encoder, "--device", a.device, *(["--batch-tokens", str(a.batch_tokens)] if a.batch_tokens else []), str(corpus), str(index), str(a.rate)], path, cpus)
             b["load"] = os.getloadavg()[0]
             got[label].append(b)
             print(f"round {r + 1} {label:<24} {b['seconds']:7.1f} s wall, {b['encode_seconds']:6.1f} s in the encoder, "
                   f"{b['chunks'] / b['seconds']:6.0f} chunks/s ({b['chunks']:,}), {b['cpu_seconds']:7.1f} s CPU, load {b['load']:.2f}"
-                  + (f", encoder on {b['device']} in {b['precision']}" if "device" in b else ""), flush=True)
+                  + (f", encoder on {b['device']} in {b['precision']}, {b['batch_tokens']} tokens a batch" if "device" in b else ""), flush=True)
             shutil.rmtree(index, ignore_errors=True)
     if a.baseline_ref:
         cur = sorted(x["seconds"] for x in got["current"])

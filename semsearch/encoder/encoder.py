@@ -23,6 +23,16 @@ from semsearch.progress import bar as progress_bar
 log = logging.getLogger(__name__)
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# Tokens a batch where none is asked for. On a GPU the CPU's side of each batch (padding, copies,
+# kernel launches) is what limits: SciFact documents in fp16 on an H200, 2 cores: 1,523 a second
+# at 4,096 tokens, 1,640 at 16,384, 2,136 at 65,536 (16 cores: 5,037 / 8,083 / 7,799), and a build
+# held to 2 cores 1.31x faster at 65,536 (docs/gpu.md). On the CPU 4,096 (larger batches gain
+# nothing there and hold more memory).
+CPU_BATCH_TOKENS, GPU_BATCH_TOKENS = 4096, 65_536
+
+
+def default_batch_tokens(device: str) -> int:
+    return GPU_BATCH_TOKENS if device.startswith("cuda") else CPU_BATCH_TOKENS
 
 @dataclass
 class Batch:
@@ -48,7 +58,7 @@ class Encoder:
         device: str = "auto",
         precision: str = "auto",
         max_length: int | None = None,
-        batch_tokens: int = 4096,
+        batch_tokens: int | None = None,
         head: AttentionHead | None = None,
     ):
         self.pooling = pooling if pooling == "head" else check_pooling(pooling)
@@ -60,7 +70,8 @@ class Encoder:
         # int8 runs on ONNX Runtime on the CPU: asked for with device auto, it takes the CPU.
         self.device = "cpu" if precision == "int8" and device == "auto" else resolve_device(device)
         self.precision = resolve_precision(precision, self.device)
-        self.batch_tokens = batch_tokens
+        self.batch_tokens_asked = batch_tokens  # (None: the device's default, also on a Ray worker's device)
+        self.batch_tokens = batch_tokens if batch_tokens is not None else default_batch_tokens(self.device)
         self.name, where = resolve_model(model)
         self.backend = "native"
         self.fused_cpu = False  # oneDNN fused linear in use (native bf16 on the CPU)

@@ -32,7 +32,7 @@ class EncodeSpec:
     text_column: str | None = None
     skip_errors: bool = False
     keep_states: bool = False
-    batch_tokens: int = 4096
+    batch_tokens: int | None = None  # None: the worker's device's default (encoder.default_batch_tokens)
     context: int = 0  # chunks with their titles (ChunkSettings.context, resolved)
 
 
@@ -52,4 +52,4 @@ def spec_for(encoder, chunking, read, keep_states: bool) -> EncodeSpec:
     return EncodeSpec(model=model, fingerprint=encoder.fingerprint, pooling=encoder.pooling, max_length=encoder.max_length,
                       precision=encoder.precision, window=chunking.window, overlap=chunking.overlap, head=head,
                       text_column=read.text_column, skip_errors=read.skip_errors, keep_states=keep_states,
-                      batch_tokens=getattr(encoder, "batch_tokens", 4096), context=chunking.titles)
+                      batch_tokens=getattr(encoder, "batch_tokens_asked", None), context=chunking.titles)
