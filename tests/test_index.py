@@ -349,6 +349,20 @@ def test_tune_stops_raising_k_factor_where_recall_no_longer_grows(monkeypatch):
     got = tune(vi, x[pick], exact, 10, 0.95, ids[pick])
     assert tried == [(8, f) for f in K_FACTOR_STEPS[:3]], tried  # not the 4th step, which would have met it
     assert got["recall"] == pytest.approx(0.80 + PLATEAU / 2) and vi.params["nprobe"] == 8
+    # the other IVF types: past the usual nprobe steps (4 here), on only while recall grows
+    monkeypatch.setitem(vectors.KNOB_STEPS, "nprobe", [1, 2, 4])
+    sq8 = VectorIndex.build(d, "ivf-sq8", iter([(ids, x)]), n, {"nlist": 32})
+    tried.clear()
+    gains = iter([0.5, 0.6, 0.7, 0.7 + PLATEAU / 2, 0.99, 0.99])
+
+    def scripted(vi, queries, exact_ids, k, target, self_ids, value, k_factor=None):
+        tried.append((value, k_factor))
+        r = next(gains)
+        return {"knob": "nprobe", "value": value, "recall": r, "lower": r - 0.01}
+
+    monkeypatch.setattr(vectors, "_trial", scripted)
+    got = tune(sq8, x[pick], exact, 10, 0.95, ids[pick])
+    assert tried == [(1, None), (2, None), (4, None), (8, None)] and got["value"] == 8 and sq8.params["nprobe"] == 8
 
 
 def test_tune_keeps_the_cheapest_fast_scan_setting_whose_recall_meets_the_target_with_confidence():

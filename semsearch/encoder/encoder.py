@@ -34,6 +34,7 @@ CPU_BATCH_TOKENS, GPU_BATCH_TOKENS = 4096, 65_536
 def default_batch_tokens(device: str) -> int:
     return GPU_BATCH_TOKENS if device.startswith("cuda") else CPU_BATCH_TOKENS
 
+
 @dataclass
 class Batch:
     index: list[int]  # positions of these texts in the caller's list
