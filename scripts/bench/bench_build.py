@@ -69,9 +69,14 @@ def child_build(corpus: Path, index: Path, rate: float, encoder: str = "stand-in
     t0 = time.perf_counter()
     rep = indexing.index_corpus(corpus, index, enc, progress=False)
     wall = time.perf_counter() - t0
-    cpu = sum(ru.ru_utime + ru.ru_stime for ru in (resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)))
+    cpu = _cpu_seconds()
     _idle(sorted(enc.calls))
     return {"seconds": wall, "encode_seconds": enc.spent, "chunks": rep.chunks, "cpu_seconds": cpu}  # CPU: the reader process's too
+
+
+def _cpu_seconds() -> float:
+    """This process's CPU seconds and its children's (the reader process's)."""
+    return sum(ru.ru_utime + ru.ru_stime for ru in (resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)))
 
 
 def _idle(calls: list) -> None:
@@ -111,7 +116,7 @@ def _model_build(corpus: Path, index: Path, device: str, batch_tokens: int | Non
     t0 = time.perf_counter()
     rep = indexing.index_corpus(corpus, index, enc, chunking, progress=False)
     wall = time.perf_counter() - t0
-    cpu = sum(ru.ru_utime + ru.ru_stime for ru in (resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)))
+    cpu = _cpu_seconds()
     return {"seconds": wall, "encode_seconds": spent[0], "chunks": rep.chunks, "cpu_seconds": cpu,
             "device": enc.device, "precision": enc.precision, "batch_tokens": enc.batch_tokens}
 
