@@ -17,6 +17,7 @@ from semsearch.limits import blank
 from semsearch.querycheck import warn_truncated
 from semsearch.store.folder import index_path, open_index
 from semsearch.store.files import manifest_stamp
+from semsearch.store.vectors import dot_rows
 
 EXACT_BELOW = 4096  # a filter allowing fewer chunks is scored exactly from the stored vectors
 _REFRESH = threading.Lock()  # one reopen at a time
@@ -460,7 +461,7 @@ def _hybrid(g: _Generation, lex, queries, qv, k, allowed, fusion, alpha, pools: 
             ids = only_lex
             if vecs is None:
                 ids, vecs = g.docs.get_vectors(only_lex)
-            d[np.searchsorted(cand, ids)] = vecs @ np.asarray(v, np.float32)
+            d[np.searchsorted(cand, ids)] = dot_rows(vecs, v)
         b = np.zeros(len(cand), np.float32)
         b[np.searchsorted(cand, di)] = dl
         b[np.searchsorted(cand, lids)] = ls

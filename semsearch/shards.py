@@ -43,6 +43,7 @@ from semsearch.errors import InputError, SemsearchError
 from semsearch.limits import blank
 from semsearch.search import EXACT_BELOW, _dense, _Generation, encode_queries, hits_from
 from semsearch.store.lexical import counted
+from semsearch.store.vectors import dot_rows
 
 STALE_RETRIES = 5
 
@@ -235,7 +236,7 @@ def _scores_of(s: _ShardGeneration, v: np.ndarray, h: np.ndarray, ids: np.ndarra
     vecs = s.g.vectors.reconstruct(held)
     if vecs is None:
         held, vecs = s.g.docs.get_vectors(held)
-    cos = vecs @ np.asarray(v, np.float32)
+    cos = dot_rows(vecs, v)
     # the counts only for a query long enough to use them
     b, t = _under(s.lex, st).scores_and_terms_of(h, held, terms=len(h) >= fusion_.ALL_TERMS_MIN)
     return np.asarray(held, np.int64), np.asarray(cos, np.float64), b, t

@@ -58,6 +58,24 @@ REFINE_K = 10
 TWO_LEVEL_LISTS = 2048
 
 
+def dot_rows(rows: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """rows (m, d) @ q (d,), float32, on the calling thread alone. numpy's BLAS runs a product of
+    more than ~9k elements (a re-ranking's 2,000 rows of 384) on every core, and its threads spin
+    for a while after it: beside the lexical half of a hybrid query (search._Beside) they took its
+    core (10M chunks: hybrid p50 ~19 -> ~14 ms, docs/benchmarks.md). faiss's kernel runs on one."""
+    rows = np.ascontiguousarray(rows, np.float32)
+    q = np.ascontiguousarray(q, np.float32).reshape(-1)
+    if not len(rows):
+        return np.zeros(0, np.float32)
+    try:
+        import faiss
+    except ImportError:  # numpy's own loop, one thread too
+        return np.einsum("ij,j->i", rows, q)
+    out = np.empty(len(rows), np.float32)
+    faiss.fvec_inner_products_ny(faiss.swig_ptr(out), faiss.swig_ptr(q), faiss.swig_ptr(rows), rows.shape[1], len(rows))
+    return out
+
+
 def refine_depth(k: int, k_factor: float, ntotal: int) -> int:
     """How many fast-scan candidates a top-k search re-ranks exactly (see REFINE_K)."""
     head = min(k, REFINE_K)
@@ -625,7 +643,7 @@ class VectorIndex:
             if got is None:
                 raise RuntimeError("the vector file lacks ids the index holds")
             ids, vecs = got
-            s = vecs @ q[r]
+            s = dot_rows(vecs, q[r])
             m = min(k, len(ids))
             top = np.argpartition(-s, m - 1)[:m] if m < len(ids) else np.arange(len(ids))
             order = top[np.lexsort((ids[top], -s[top]))]
