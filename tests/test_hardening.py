@@ -402,6 +402,29 @@ def test_an_interrupted_run_resumes_what_it_had_embedded(tmp_path):
     assert [(h.text, round(h.score, 5)) for h in a] == [(h.text, round(h.score, 5)) for h in b]
 
 
+def test_a_resume_cache_of_the_row_a_vector_layout_is_dropped_and_its_work_done_again(tmp_path):
+    """The cache keeps a row a batch; a file left by a run of the earlier layout (a row a vector)
+    is not read as this one, nor an error: its chunks are embedded again, and the run publishes."""
+    import sqlite3
+
+    from semsearch.store.resume import encoder_key
+
+    src = corpus(tmp_path / "corpus", {"a.txt": "credit score loan", "b.txt": "lentil soup recipe"})
+    folder = tmp_path / "idx"
+    folder.mkdir()
+    db = sqlite3.connect(folder / "resume.sqlite")
+    db.execute("CREATE TABLE meta (key TEXT NOT NULL)")
+    db.execute("INSERT INTO meta VALUES (?)", (encoder_key(FakeEncoder()),))
+    db.execute("CREATE TABLE vectors (h BLOB PRIMARY KEY, v BLOB NOT NULL, run TEXT)")
+    db.execute("INSERT INTO vectors VALUES (?, ?, ?)", (b"k" * 16, np.zeros(FakeEncoder().out_dim, np.float32).tobytes(), "old"))
+    db.commit()
+    db.close()
+    enc = FakeEncoder()
+    rep = index_corpus(src, folder, enc)
+    assert rep.resumed == 0 and enc.calls == Manifest.load(folder).counts["chunks"] == 2
+    assert not (folder / "resume.sqlite").exists()
+
+
 def test_a_fresh_index_with_duplicate_chunks_reports_nothing_resumed(tmp_path):
     """Duplicate texts in one run meet their own vectors in the resume cache: that is not work
     resumed from an interrupted run, and the summary must not say so."""

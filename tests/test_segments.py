@@ -743,7 +743,7 @@ def test_a_long_run_keeps_one_segment_of_vectors_in_its_resume_cache(tmp_path, f
         path = self.folder / "resume.sqlite"
         if path.exists():
             db = sqlite3.connect(path)
-            held.append((db.execute("SELECT COUNT(*) FROM vectors").fetchone()[0], self.docs.new.counts()["chunks"]))
+            held.append((db.execute("SELECT COALESCE(SUM(n), 0) FROM batches").fetchone()[0], self.docs.new.counts()["chunks"]))
             db.close()
         return real(self, manifest, merge, rolled, **kw)
 

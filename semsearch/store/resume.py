@@ -28,6 +28,14 @@ def encoder_key(encoder) -> str:
 
 
 class ResumeCache:
+    """The vectors of a run, a row a batch: the batch's keys (16-byte hashes, joined) and its
+    vectors (float32, joined), appended as the run writes the batch. A row per vector (a keyed
+    B-tree insert of 1.5 KB each) cost the build's writing thread ~23 s a million chunks, and
+    clearing it at each published segment ~1.2 s more (docs/benchmarks.md); a batch row is one
+    append. Look-ups go through a map of key -> (row, place) in memory: the rows of an earlier
+    run, read when this run first looks (16 bytes a chunk read), and this run's own as they are
+    put; a vector found is read alone from its row (SQLite's incremental blob I/O)."""
+
     def __init__(self, folder: Path, key: str):
         self.path = Path(folder) / NAME
         self.key = key
@@ -36,16 +44,20 @@ class ResumeCache:
         # duplicate chunk) is not work resumed from an interrupted run.
         self.run = os.urandom(8).hex()
         self._db: sqlite3.Connection | None = None  # opened at the first batch: a run that embeds nothing leaves no file
+        self._where: dict[bytes, tuple[int, int, bool]] | None = None  # key -> (row, place, an earlier run's)
+        self._dim = 0
 
     @property
     def db(self) -> sqlite3.Connection:
         if self._db is None:
             try:
                 self._db = self._open()
+                self._where = self._read_keys(self._db)
             except sqlite3.Error as e:  # damaged: start a fresh one
                 log.warning("%s: dropped a damaged resume cache (%s)", self.path, e)
                 self.path.unlink(missing_ok=True)
                 self._db = self._open()
+                self._where = {}
         return self._db
 
     def _open(self) -> sqlite3.Connection:
@@ -54,17 +66,26 @@ class ResumeCache:
         db = sqlite3.connect(self.path, check_same_thread=False)
         db.execute("PRAGMA synchronous = OFF")  # a cache: a torn write only costs re-embedding
         db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT NOT NULL)")
-        if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'vectors'").fetchone() and \
-                "run" not in {r[1] for r in db.execute("PRAGMA table_info(vectors)")}:
-            db.execute("DROP TABLE vectors")  # a cache from before runs were recorded: re-embedding is the cost
-        db.execute("CREATE TABLE IF NOT EXISTS vectors (h BLOB PRIMARY KEY, v BLOB NOT NULL, run TEXT)")
+        db.execute("DROP TABLE IF EXISTS vectors")  # a cache of the row-a-vector layout: re-embedding is the cost
+        db.execute("CREATE TABLE IF NOT EXISTS batches (id INTEGER PRIMARY KEY, n INTEGER NOT NULL, dim INTEGER NOT NULL,"
+                   " keys BLOB NOT NULL, vecs BLOB NOT NULL, run TEXT NOT NULL)")
         row = db.execute("SELECT key FROM meta").fetchone()
         if row is None or row[0] != self.key:  # another model or pooling: useless
-            db.execute("DELETE FROM vectors")
+            db.execute("DELETE FROM batches")
             db.execute("DELETE FROM meta")
             db.execute("INSERT INTO meta VALUES (?)", (self.key,))
         db.commit()
         return db
+
+    def _read_keys(self, db: sqlite3.Connection) -> dict[bytes, tuple[int, int, bool]]:
+        where: dict[bytes, tuple[int, int, bool]] = {}
+        for rid, n, dim, keys, run in db.execute("SELECT id, n, dim, keys, run FROM batches ORDER BY id"):
+            if len(keys) != 16 * n:
+                continue  # not a row this layout wrote whole
+            self._dim = dim
+            for i in range(n):
+                where[keys[16 * i : 16 * i + 16]] = (rid, i, run != self.run)
+        return where
 
     @staticmethod
     def _h(text: str) -> bytes:
@@ -87,30 +108,25 @@ class ResumeCache:
         in between costs that batch's encoding on resume, no more)."""
         if not new:
             return
+        vecs = np.ascontiguousarray(np.stack([v for _, v in new]), np.float32)
         try:
-            self.db.executemany("INSERT OR REPLACE INTO vectors VALUES (?, ?, ?)",
-                                [(h, np.ascontiguousarray(v, np.float32).tobytes(), self.run) for h, v in new])
-            self.db.commit()
+            db = self.db
+            cur = db.execute("INSERT INTO batches (n, dim, keys, vecs, run) VALUES (?, ?, ?, ?, ?)",
+                             (len(new), vecs.shape[1], b"".join(h for h, _ in new), vecs.tobytes(), self.run))
+            db.commit()
         except sqlite3.Error as e:
             log.warning("%s: could not write the resume cache (%s)", self.path, e)
+            return
+        rid = cur.lastrowid
+        where = self._where if self._where is not None else {}
+        for i, (h, _) in enumerate(new):
+            where[h] = (rid, i, False)
+        self._where, self._dim = where, vecs.shape[1]
 
     def encode_deferred(self, encoder, texts: list[str], keys: list[bytes]) -> tuple[np.ndarray, list[tuple[bytes, np.ndarray]]]:
         """Vectors (n, d) for texts (with their keys): from the cache where they are, else encoded;
         and the (key, vector) pairs encoded, for put()."""
-        found: dict[bytes, np.ndarray] = {}
-        earlier: set[bytes] = set()  # found, and written by another run
-        try:
-            for i in range(0, len(keys), 500):
-                part = keys[i : i + 500]
-                rows = self.db.execute(f"SELECT h, v, run FROM vectors WHERE h IN ({','.join('?' * len(part))})", part)
-                for h, v, run in rows:
-                    found[h] = np.frombuffer(v, np.float32)
-                    if run != self.run:
-                        earlier.add(h)
-        except sqlite3.Error as e:
-            log.warning("%s: resume cache unreadable (%s); encoding everything", self.path, e)
-            found, earlier = {}, set()
-        found = {h: v for h, v in found.items() if v.shape == (encoder.out_dim,)}
+        found, earlier = self._found(keys, encoder.out_dim)
         todo = [i for i, h in enumerate(keys) if h not in found]
         out = np.empty((len(texts), encoder.out_dim), np.float32)
         encoded: list[tuple[bytes, np.ndarray]] = []
@@ -124,22 +140,48 @@ class ResumeCache:
         self.reused += sum(1 for h in keys if h in found and h in earlier)
         return out, encoded
 
+    def _found(self, keys: list[bytes], dim: int) -> tuple[dict[bytes, np.ndarray], set[bytes]]:
+        """The cached vectors of `keys` ({key: vector}), and which of them an earlier run wrote."""
+        found: dict[bytes, np.ndarray] = {}
+        earlier: set[bytes] = set()
+        try:
+            self.db  # (an earlier run's keys are read when it is first opened)
+            where = self._where or {}
+            hits = sorted((where[h][0], where[h][1], h) for h in set(keys) if h in where)
+            if not hits or self._dim != dim:
+                return {}, set()
+            width = 4 * dim
+            blob, at = None, None
+            for rid, i, h in hits:
+                if rid != at:
+                    if blob is not None:
+                        blob.close()
+                    blob, at = self.db.blobopen("batches", "vecs", rid, readonly=True), rid
+                blob.seek(i * width)
+                found[h] = np.frombuffer(blob.read(width), np.float32)
+                if where[h][2]:
+                    earlier.add(h)
+            if blob is not None:
+                blob.close()
+        except sqlite3.Error as e:
+            log.warning("%s: resume cache unreadable (%s); encoding everything", self.path, e)
+            return {}, set()
+        return found, earlier
+
     def forget(self) -> None:
         """Drop every cached vector: the run published the files they belong to (a long run's
         segment), so a run resumed after it skips those files. Without this the cache grew by
-        ~2 KB a chunk for the whole run (20 GB at 10M chunks); now it holds one segment's worth
-        (SQLite reuses the freed pages)."""
+        ~2 KB a chunk for the whole run (20 GB at 10M chunks); now it holds one segment's worth.
+        The file goes (the next batch starts a new one): a DELETE of a segment's rows cost ~1.2 s."""
         if self._db is None:
             return
-        try:
-            self._db.execute("DELETE FROM vectors")
-            self._db.commit()
-        except sqlite3.Error as e:
-            log.warning("%s: could not clear the resume cache (%s)", self.path, e)
+        self.drop()
+        self._where = None
 
     def close(self) -> None:
         if self._db is not None:
             self._db.close()
+            self._db = None
 
     def drop(self) -> None:
         """Delete the cache (the run it served was published)."""

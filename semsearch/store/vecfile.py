@@ -678,8 +678,10 @@ class MemoryVectors:
         if self._sorted is None:
             ids = np.concatenate(self._ids) if self._ids else np.zeros(0, np.int64)
             vecs = np.concatenate(self._vecs) if self._vecs else np.zeros((0, self.dim), np.float32)
-            order = np.argsort(ids, kind="stable")
-            self._sorted = (ids[order], vecs[order])
+            if len(ids) > 1 and not (ids[1:] > ids[:-1]).all():  # (a build adds them in id order: no copy)
+                order = np.argsort(ids, kind="stable")
+                ids, vecs = ids[order], vecs[order]
+            self._sorted = (ids, vecs)
             self._ids, self._vecs = [self._sorted[0]], [self._sorted[1]]
         return self._sorted
 
