@@ -425,6 +425,19 @@ def test_a_resume_cache_of_the_row_a_vector_layout_is_dropped_and_its_work_done_
     assert not (folder / "resume.sqlite").exists()
 
 
+def test_a_damaged_resume_cache_is_dropped_with_a_warning_and_the_run_publishes(tmp_path, caplog):
+    src = corpus(tmp_path / "corpus", {"a.txt": "credit score loan", "b.txt": "lentil soup recipe"})
+    folder = tmp_path / "idx"
+    folder.mkdir()
+    (folder / "resume.sqlite").write_bytes(b"not a database" * 100)
+    enc = FakeEncoder()
+    with caplog.at_level("WARNING", logger="semsearch.store.resume"):
+        rep = index_corpus(src, folder, enc)
+    assert any("dropped a damaged resume cache" in r.getMessage() for r in caplog.records)
+    assert rep.resumed == 0 and enc.calls == Manifest.load(folder).counts["chunks"] == 2
+    assert not (folder / "resume.sqlite").exists()
+
+
 def test_a_fresh_index_with_duplicate_chunks_reports_nothing_resumed(tmp_path):
     """Duplicate texts in one run meet their own vectors in the resume cache: that is not work
     resumed from an interrupted run, and the summary must not say so."""

@@ -50,14 +50,17 @@ class ResumeCache:
     @property
     def db(self) -> sqlite3.Connection:
         if self._db is None:
+            db = None
             try:
-                self._db = self._open()
-                self._where = self._read_keys(self._db)
+                db = self._open()
+                where = self._read_keys(db)
             except sqlite3.Error as e:  # damaged: start a fresh one
                 log.warning("%s: dropped a damaged resume cache (%s)", self.path, e)
+                if db is not None:
+                    db.close()
                 self.path.unlink(missing_ok=True)
-                self._db = self._open()
-                self._where = {}
+                db, where = self._open(), {}
+            self._db, self._where = db, where
         return self._db
 
     def _open(self) -> sqlite3.Connection:
