@@ -10,6 +10,7 @@ dropped and rebuilt, never trusted over the encoder.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import logging
 import os
 import sqlite3
@@ -44,8 +45,7 @@ class ResumeCache:
         # duplicate chunk) is not work resumed from an interrupted run.
         self.run = os.urandom(8).hex()
         self._db: sqlite3.Connection | None = None  # opened at the first batch: a run that embeds nothing leaves no file
-        self._where: dict[bytes, tuple[int, int, bool]] | None = None  # key -> (row, place, an earlier run's)
-        self._dim = 0
+        self._where: dict[bytes, tuple[int, int, bool]] = {}  # key -> (row, place, an earlier run's), set as it opens
 
     @property
     def db(self) -> sqlite3.Connection:
@@ -82,10 +82,9 @@ class ResumeCache:
 
     def _read_keys(self, db: sqlite3.Connection) -> dict[bytes, tuple[int, int, bool]]:
         where: dict[bytes, tuple[int, int, bool]] = {}
-        for rid, n, dim, keys, run in db.execute("SELECT id, n, dim, keys, run FROM batches ORDER BY id"):
+        for rid, n, keys, run in db.execute("SELECT id, n, keys, run FROM batches ORDER BY id"):
             if len(keys) != 16 * n:
                 continue  # not a row this layout wrote whole
-            self._dim = dim
             for i in range(n):
                 where[keys[16 * i : 16 * i + 16]] = (rid, i, run != self.run)
         return where
@@ -120,11 +119,8 @@ class ResumeCache:
         except sqlite3.Error as e:
             log.warning("%s: could not write the resume cache (%s)", self.path, e)
             return
-        rid = cur.lastrowid
-        where = self._where if self._where is not None else {}
         for i, (h, _) in enumerate(new):
-            where[h] = (rid, i, False)
-        self._where, self._dim = where, vecs.shape[1]
+            self._where[h] = (cur.lastrowid, i, False)
 
     def encode_deferred(self, encoder, texts: list[str], keys: list[bytes]) -> tuple[np.ndarray, list[tuple[bytes, np.ndarray]]]:
         """Vectors (n, d) for texts (with their keys): from the cache where they are, else encoded;
@@ -148,24 +144,18 @@ class ResumeCache:
         found: dict[bytes, np.ndarray] = {}
         earlier: set[bytes] = set()
         try:
-            self.db  # (an earlier run's keys are read when it is first opened)
-            where = self._where or {}
-            hits = sorted((where[h][0], where[h][1], h) for h in set(keys) if h in where)
-            if not hits or self._dim != dim:
-                return {}, set()
+            db = self.db  # (an earlier run's keys are read as it opens)
+            hits = sorted((*self._where[h][:2], h) for h in set(keys) if h in self._where)
             width = 4 * dim
-            blob, at = None, None
-            for rid, i, h in hits:
-                if rid != at:
-                    if blob is not None:
-                        blob.close()
-                    blob, at = self.db.blobopen("batches", "vecs", rid, readonly=True), rid
-                blob.seek(i * width)
-                found[h] = np.frombuffer(blob.read(width), np.float32)
-                if where[h][2]:
-                    earlier.add(h)
-            if blob is not None:
-                blob.close()
+            for rid, group in itertools.groupby(hits, key=lambda hit: hit[0]):
+                with db.blobopen("batches", "vecs", rid, readonly=True) as blob:
+                    for _, i, h in group:
+                        blob.seek(i * width)
+                        got = blob.read(width)
+                        if len(got) == width:  # (a row of another width: the key names the encoder's, so none)
+                            found[h] = np.frombuffer(got, np.float32)
+                            if self._where[h][2]:
+                                earlier.add(h)
         except sqlite3.Error as e:
             log.warning("%s: resume cache unreadable (%s); encoding everything", self.path, e)
             return {}, set()
@@ -179,7 +169,7 @@ class ResumeCache:
         if self._db is None:
             return
         self.drop()
-        self._where = None
+        self._where = {}
 
     def close(self) -> None:
         if self._db is not None:
